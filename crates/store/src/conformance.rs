@@ -165,7 +165,10 @@ pub async fn conditions_all_or_nothing(s: Arc<dyn Store>) {
     assert!(ok);
     assert_eq!(read(&s, "r", &data, TsRange::ALL, 9).await, v(&[(11, "D")]));
     // A second prewrite sees the lock.
-    assert!(!s.check_and_mutate(b"r", &[no_lock.clone()], &[put(&lock, 12, "L")]).await.unwrap());
+    assert!(!s
+        .check_and_mutate(b"r", std::slice::from_ref(&no_lock), &[put(&lock, 12, "L")])
+        .await
+        .unwrap());
     // CellAt: exactly that timestamp.
     let at = |ts| Condition::CellAt { column: lock.clone(), ts: Ts(ts) };
     assert!(!s.check_and_mutate(b"r", &[at(12)], &[put(&write, 13, "x")]).await.unwrap());
@@ -179,7 +182,10 @@ pub async fn conditions_all_or_nothing(s: Arc<dyn Store>) {
     // The same commit again: its lock is gone, nothing changes.
     assert!(!s.check_and_mutate(b"r", &[at(11)], &commit).await.unwrap());
     // Conditions on a row that does not exist.
-    assert!(s.check_and_mutate(b"fresh", &[no_lock.clone()], &[put(&lock, 1, "L")]).await.unwrap());
+    assert!(s
+        .check_and_mutate(b"fresh", std::slice::from_ref(&no_lock), &[put(&lock, 1, "L")])
+        .await
+        .unwrap());
     assert!(!s.check_and_mutate(b"fresh2", &[at(1)], &[put(&lock, 1, "L")]).await.unwrap());
     assert_eq!(read(&s, "fresh2", &lock, TsRange::ALL, 9).await, v(&[]));
 }
@@ -319,7 +325,7 @@ pub async fn limits_refused_nothing_stored(s: Arc<dyn Store>) {
         ),
     ];
     for (row, m, want) in cases {
-        let err = s.check_and_mutate(&row, &[], &[m.clone()]).await.unwrap_err();
+        let err = s.check_and_mutate(&row, &[], std::slice::from_ref(&m)).await.unwrap_err();
         assert!(err.to_string().contains(want), "{err} should say {want}");
         let rm = RowMutation { row: row.into(), mutations: vec![put(&c, 3, "y"), m] };
         let err = s.mutate_rows(&[rm]).await.unwrap_err();
