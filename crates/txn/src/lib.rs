@@ -1,0 +1,502 @@
+//! Percolator transactions: cross-row, snapshot-isolation ACID transactions built from the
+//! store's single-row conditional mutation (the paper's §2.2 and Figure 6).
+//!
+//! Every user column `c` of a row is kept as three store columns, one per family:
+//!
+//! ```text
+//!   row "a"   lock:c                   write:c                     data:c
+//!             ts 9 -> {primary a/c,    ts 8 -> {put, start 7}      ts 9 -> "v3"   (locked)
+//!                      owner, wall}    ts 6 -> {rollback, start 6} ts 7 -> "v2"
+//!                                      ts 5 -> {put, start 4}      ts 4 -> "v1"
+//! ```
+//!
+//! A reader at `start_ts` sees the newest `write` record at or below `start_ts` (skipping
+//! rollback records) and reads `data` at the start_ts that record names; a lock at or below
+//! `start_ts` means a commit that may land below it, so the reader waits, or resolves the
+//! lock through its primary when the owner is dead or the lock is stale ([`actions::resolve`]).
+//! A writer buffers, then commits in two phases: prewrite (one conditional mutation per row,
+//! primary's row first), then commit the primary (the commit point, made durable with
+//! [`Store::sync`]), then the secondaries in one batch.
+//!
+//! What this layer leaves out: it reads no wall clock and spawns nothing ([`Clock`] and the
+//! runtime are the caller's); garbage collection of old versions belongs to the observer
+//! framework, which knows the oldest live transaction.
+
+pub mod actions;
+pub mod clock;
+pub mod error;
+pub mod liveness;
+pub mod record;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use perc_oracle::Oracle;
+use perc_store::{ColumnRead, FamilySpec, RowRead, Store, Ts, TsRange};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+pub use actions::{CellWrite, Resolution, TxnStatus};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::TxnError;
+pub use liveness::Liveness;
+pub use record::{LockRecord, WorkerId, WriteKind, WriteRecord};
+
+use actions::{data_col, lock_col, write_col, LockInfo};
+
+/// The families this layer needs in the store's schema.
+pub const FAMILIES: [FamilySpec; 4] =
+    [actions::DATA, actions::LOCK, actions::WRITE, liveness::FAMILY];
+
+/// Tuning, every duration in milliseconds.
+#[derive(Clone, Debug)]
+pub struct TxnConfig {
+    /// A lock older than this may be cleaned even if its owner is alive (stuck).
+    pub lock_ttl_ms: u64,
+    /// A worker whose heartbeat is older than this counts as dead.
+    pub liveness_ttl_ms: u64,
+    /// First and largest backoff while waiting on a live lock; jittered.
+    pub backoff_min_ms: u64,
+    pub backoff_max_ms: u64,
+    /// How long a read waits on a live owner's lock before giving up (retryable).
+    pub lock_wait_max_ms: u64,
+    /// Seed for backoff jitter, so runs are reproducible.
+    pub seed: u64,
+}
+
+impl Default for TxnConfig {
+    fn default() -> Self {
+        TxnConfig {
+            lock_ttl_ms: 10_000,
+            liveness_ttl_ms: 5_000,
+            backoff_min_ms: 1,
+            backoff_max_ms: 100,
+            lock_wait_max_ms: 30_000,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// A worker's handle for running transactions. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    oracle: Arc<dyn Oracle>,
+    clock: Arc<dyn Clock>,
+    liveness: Liveness,
+    worker: WorkerId,
+    config: TxnConfig,
+    last_heartbeat_ms: AtomicU64,
+    rng: Mutex<SmallRng>,
+}
+
+impl Client {
+    /// Registers a new worker (its id is a fresh oracle timestamp, so unique) and returns its
+    /// client.
+    pub async fn new(
+        store: Arc<dyn Store>,
+        oracle: Arc<dyn Oracle>,
+        clock: Arc<dyn Clock>,
+        config: TxnConfig,
+    ) -> Result<Client, TxnError> {
+        let worker = WorkerId(oracle.next().await?.0);
+        let liveness = Liveness::new(store.clone(), clock.clone(), config.liveness_ttl_ms);
+        liveness.heartbeat(worker).await?;
+        let rng = SmallRng::seed_from_u64(config.seed ^ worker.0);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                last_heartbeat_ms: AtomicU64::new(clock.now_ms()),
+                store,
+                oracle,
+                clock,
+                liveness,
+                worker,
+                config,
+                rng: Mutex::new(rng),
+            }),
+        })
+    }
+
+    pub fn worker(&self) -> WorkerId {
+        self.inner.worker
+    }
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+    pub fn oracle(&self) -> &Arc<dyn Oracle> {
+        &self.inner.oracle
+    }
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+    pub fn liveness(&self) -> &Liveness {
+        &self.inner.liveness
+    }
+    pub fn config(&self) -> &TxnConfig {
+        &self.inner.config
+    }
+
+    /// Refreshes this worker's heartbeat. A worker that runs long calls this periodically
+    /// (every third of `liveness_ttl_ms`); commits also refresh it when it is getting old.
+    pub async fn heartbeat(&self) -> Result<(), TxnError> {
+        self.inner.liveness.heartbeat(self.inner.worker).await?;
+        self.inner.last_heartbeat_ms.store(self.inner.clock.now_ms(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Leaves the registry (a clean shutdown). Locks left behind become cleanable at once.
+    pub async fn deregister(&self) -> Result<(), TxnError> {
+        self.inner.liveness.deregister(self.inner.worker).await
+    }
+
+    pub async fn begin(&self) -> Result<Transaction, TxnError> {
+        let start_ts = self.inner.oracle.next().await?;
+        Ok(Transaction { client: self.clone(), start_ts, writes: BTreeMap::new() })
+    }
+
+    async fn heartbeat_if_old(&self) -> Result<(), TxnError> {
+        let last = self.inner.last_heartbeat_ms.load(Ordering::Relaxed);
+        if self.inner.clock.now_ms().saturating_sub(last) * 3 >= self.inner.config.liveness_ttl_ms {
+            self.heartbeat().await?;
+        }
+        Ok(())
+    }
+
+    /// A jittered exponential backoff for attempt `n` (0-based), in ms.
+    pub fn backoff_ms(&self, attempt: u32) -> u64 {
+        let c = &self.inner.config;
+        let cap =
+            c.backoff_min_ms.saturating_mul(1u64 << attempt.min(20)).min(c.backoff_max_ms).max(1);
+        let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
+        rng.random_range(cap / 2..=cap)
+    }
+}
+
+/// Where to stop a commit, to leave the store as a crash at that step would.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CommitStep {
+    AfterPrewritePrimary,
+    AfterPrewriteAll,
+    AfterCommitPrimary,
+    /// After committing half of the secondary rows (rounded down).
+    MidSecondaries,
+}
+
+/// How a commit stopped by [`Transaction::commit_crashing_at`] left the transaction.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Crashed {
+    BeforeCommitPoint,
+    AfterCommitPoint(Ts),
+}
+
+/// One transaction: reads see the snapshot at `start_ts`; writes are buffered until commit.
+pub struct Transaction {
+    client: Client,
+    start_ts: Ts,
+    writes: BTreeMap<(Bytes, Bytes), Option<Bytes>>,
+}
+
+impl Transaction {
+    pub fn start_ts(&self) -> Ts {
+        self.start_ts
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Buffers a write of `value` to `(row, column)`.
+    pub fn set(
+        &mut self,
+        row: impl Into<Bytes>,
+        column: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+    ) {
+        self.writes.insert((row.into(), column.into()), Some(value.into()));
+    }
+
+    /// Buffers a delete of `(row, column)`.
+    pub fn delete(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
+        self.writes.insert((row.into(), column.into()), None);
+    }
+
+    /// The cell whose lock will be the primary: the first buffered write in (row, column)
+    /// order.
+    pub fn primary(&self) -> Option<&(Bytes, Bytes)> {
+        self.writes.keys().next()
+    }
+
+    /// Whether this transaction has buffered writes.
+    pub fn is_read_only(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// The value of `(row, column)` in this transaction's snapshot (its own buffered writes
+    /// included).
+    pub async fn get(&self, row: &[u8], column: &[u8]) -> Result<Option<Bytes>, TxnError> {
+        let key = (Bytes::copy_from_slice(row), Bytes::copy_from_slice(column));
+        Ok(self.get_many(std::slice::from_ref(&key)).await?.pop().flatten())
+    }
+
+    /// Many cells in one batched store read (plus one more read per cell that meets a lock
+    /// or whose data is not the newest at or below `start_ts`).
+    pub async fn get_many(&self, cells: &[(Bytes, Bytes)]) -> Result<Vec<Option<Bytes>>, TxnError> {
+        let store = self.client.store();
+        let reads: Vec<RowRead> = cells
+            .iter()
+            .filter(|k| !self.writes.contains_key(*k))
+            .map(|(row, column)| RowRead { row: row.clone(), reads: self.snapshot_reads(column) })
+            .collect();
+        let mut fetched = if reads.is_empty() {
+            Vec::new()
+        } else if reads.len() == 1 {
+            vec![store.read_row(&reads[0].row, &reads[0].reads).await?]
+        } else {
+            store.read_rows(&reads).await?
+        }
+        .into_iter();
+        let mut out = Vec::with_capacity(cells.len());
+        for key in cells {
+            if let Some(buffered) = self.writes.get(key) {
+                out.push(buffered.clone());
+                continue;
+            }
+            let got = fetched.next().expect("one answer per read");
+            out.push(self.resolve_read(&key.0, &key.1, got).await?);
+        }
+        Ok(out)
+    }
+
+    fn snapshot_reads(&self, column: &Bytes) -> Vec<ColumnRead> {
+        let upto = TsRange::up_to(self.start_ts);
+        vec![
+            ColumnRead::newest(lock_col(column), upto),
+            // A few versions, so that a rollback record on top rarely costs a second read.
+            ColumnRead { column: write_col(column), range: upto, versions: 4 },
+            ColumnRead::newest(data_col(column), upto),
+        ]
+    }
+
+    /// Turns one cell's (lock, write, data) reads into its value, waiting on and resolving
+    /// locks, and re-reading as needed.
+    async fn resolve_read(
+        &self,
+        row: &Bytes,
+        column: &Bytes,
+        mut got: Vec<Vec<perc_store::Cell>>,
+    ) -> Result<Option<Bytes>, TxnError> {
+        let client = &self.client;
+        let store = client.store();
+        let mut attempt = 0u32;
+        let mut waited_ms = 0u64;
+        loop {
+            if let Some(lock_cell) = got[0].first() {
+                let lock = LockRecord::decode(&lock_cell.value)?;
+                let now = client.clock().now_ms();
+                match actions::resolve(
+                    store.as_ref(),
+                    client.liveness(),
+                    now,
+                    row,
+                    column,
+                    lock_cell.ts,
+                    &lock,
+                )
+                .await?
+                {
+                    Resolution::RolledBack | Resolution::RolledForward(_) => {}
+                    Resolution::Wait => {
+                        if waited_ms >= client.config().lock_wait_max_ms {
+                            return Err(TxnError::LockWaitTimeout {
+                                row: row.clone(),
+                                column: column.clone(),
+                                lock_ts: lock_cell.ts,
+                                owner: lock.owner,
+                                waited_ms,
+                            });
+                        }
+                        let pause = client.backoff_ms(attempt);
+                        attempt += 1;
+                        client.clock().sleep_ms(pause).await;
+                        waited_ms += pause;
+                    }
+                }
+                got = store.read_row(row, &self.snapshot_reads(column)).await?;
+                continue;
+            }
+            let mut writes = std::mem::take(&mut got[1]);
+            if writes.len() == 4 && writes.iter().all(|w| is_rollback(&w.value)) {
+                // Many rollbacks on top: read every version below start_ts.
+                let all = ColumnRead::all(write_col(column), TsRange::up_to(self.start_ts));
+                writes = store.read_row(row, &[all]).await?.remove(0);
+            }
+            for w in &writes {
+                let record = WriteRecord::decode(&w.value)?;
+                match record.kind {
+                    WriteKind::Rollback => continue,
+                    WriteKind::Delete => return Ok(None),
+                    WriteKind::Put => {
+                        if let Some(d) = got[2].first().filter(|d| d.ts == record.start_ts) {
+                            return Ok(Some(d.value.clone()));
+                        }
+                        let exact =
+                            ColumnRead::newest(data_col(column), TsRange::at(record.start_ts));
+                        let mut data = store.read_row(row, &[exact]).await?.remove(0);
+                        return match data.pop() {
+                            Some(d) => Ok(Some(d.value)),
+                            None => Err(TxnError::Corrupt(format!(
+                                "{}/{}: the write record at {} names data at {} that does not exist",
+                                error::show(row),
+                                error::show(column),
+                                w.ts,
+                                record.start_ts
+                            ))),
+                        };
+                    }
+                }
+            }
+            return Ok(None);
+        }
+    }
+
+    /// Commits: prewrite (primary's row first), commit the primary (durably), then the
+    /// secondaries. Returns the commit timestamp, or `None` for a read-only transaction.
+    pub async fn commit(self) -> Result<Option<Ts>, TxnError> {
+        match self.commit_inner(None).await? {
+            Outcome::Committed(ts) => Ok(ts),
+            Outcome::Crashed(_) => unreachable!("no crash point was given"),
+        }
+    }
+
+    /// Runs the commit only up to `step`, then stops as if the process died there: nothing
+    /// is cleaned up. For fault-injection tests; production code calls [`Self::commit`].
+    pub async fn commit_crashing_at(self, step: CommitStep) -> Result<Crashed, TxnError> {
+        match self.commit_inner(Some(step)).await? {
+            Outcome::Crashed(c) => Ok(c),
+            Outcome::Committed(Some(ts)) => Ok(Crashed::AfterCommitPoint(ts)),
+            Outcome::Committed(None) => Ok(Crashed::BeforeCommitPoint),
+        }
+    }
+
+    async fn commit_inner(self, crash: Option<CommitStep>) -> Result<Outcome, TxnError> {
+        if self.writes.is_empty() {
+            return Ok(Outcome::Committed(None));
+        }
+        let client = self.client.clone();
+        let store = client.store().as_ref();
+        let start_ts = self.start_ts;
+        // Group the buffer by row; the first cell (in key order) is the primary.
+        let mut rows: BTreeMap<Bytes, Vec<CellWrite>> = BTreeMap::new();
+        for ((row, column), value) in self.writes {
+            rows.entry(row).or_default().push(CellWrite { column, value });
+        }
+        let (primary_row, primary_cells) = rows.pop_first().expect("non-empty");
+        let primary_column = primary_cells[0].column.clone();
+        client.heartbeat_if_old().await?;
+        let info = LockInfo {
+            primary: (primary_row.clone(), primary_column.clone()),
+            owner: client.worker(),
+            wall_ms: client.clock().now_ms(),
+            ttl_ms: client.config().lock_ttl_ms,
+        };
+
+        if let Err(e) =
+            actions::prewrite(store, &primary_row, &primary_cells, start_ts, &info).await
+        {
+            self::clean_conflicting_lock(&client, &e).await?;
+            return Err(e);
+        }
+        if crash == Some(CommitStep::AfterPrewritePrimary) {
+            return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
+        }
+        let secondaries: Vec<(Bytes, Vec<CellWrite>)> = rows.into_iter().collect();
+        let results = futures::future::join_all(
+            secondaries
+                .iter()
+                .map(|(row, cells)| actions::prewrite(store, row, cells, start_ts, &info)),
+        )
+        .await;
+        if let Some(pos) = results.iter().position(Result::is_err) {
+            // Abort: our own locks go, the primary's first (with its rollback record).
+            let columns: Vec<Bytes> = primary_cells.iter().map(|c| c.column.clone()).collect();
+            actions::rollback_primary(store, &primary_row, &primary_column, &columns, start_ts)
+                .await?;
+            let ours: Vec<(Bytes, Vec<Bytes>)> = secondaries
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|((row, cells), _)| {
+                    (row.clone(), cells.iter().map(|c| c.column.clone()).collect())
+                })
+                .collect();
+            actions::rollback_secondaries(store, &ours, start_ts).await?;
+            let err = results.into_iter().nth(pos).expect("position").unwrap_err();
+            clean_conflicting_lock(&client, &err).await?;
+            return Err(err);
+        }
+        if crash == Some(CommitStep::AfterPrewriteAll) {
+            return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
+        }
+
+        let commit_ts = client.oracle().next().await?;
+        let kinds = |cells: &[CellWrite]| -> Vec<(Bytes, WriteKind)> {
+            cells.iter().map(|c| (c.column.clone(), c.kind())).collect()
+        };
+        actions::commit_primary(
+            store,
+            &primary_row,
+            &primary_column,
+            &kinds(&primary_cells),
+            start_ts,
+            commit_ts,
+        )
+        .await?;
+        // The commit point: acknowledged only once durable.
+        store.sync().await?;
+        if crash == Some(CommitStep::AfterCommitPrimary) {
+            return Ok(Outcome::Crashed(Crashed::AfterCommitPoint(commit_ts)));
+        }
+        let mut commit_rows: Vec<(Bytes, Vec<(Bytes, WriteKind)>)> =
+            secondaries.iter().map(|(row, cells)| (row.clone(), kinds(cells))).collect();
+        if crash == Some(CommitStep::MidSecondaries) {
+            commit_rows.truncate(commit_rows.len() / 2);
+            actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts).await?;
+            return Ok(Outcome::Crashed(Crashed::AfterCommitPoint(commit_ts)));
+        }
+        actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts).await?;
+        Ok(Outcome::Committed(Some(commit_ts)))
+    }
+}
+
+enum Outcome {
+    Committed(Option<Ts>),
+    Crashed(Crashed),
+}
+
+fn is_rollback(raw: &Bytes) -> bool {
+    matches!(WriteRecord::decode(raw), Ok(WriteRecord { kind: WriteKind::Rollback, .. }))
+}
+
+/// A writer that meets an abandoned lock cleans it up, so that a dead worker's lock on a cell
+/// that only writers touch does not block them forever (the paper leaves this to readers).
+async fn clean_conflicting_lock(client: &Client, err: &TxnError) -> Result<(), TxnError> {
+    if let TxnError::LockConflict { row, column, lock_ts, .. } = err {
+        let store = client.store();
+        let got = store
+            .read_row(row, &[ColumnRead::newest(lock_col(column), TsRange::at(*lock_ts))])
+            .await?;
+        if let Some(cell) = got[0].first() {
+            let lock = LockRecord::decode(&cell.value)?;
+            let now = client.clock().now_ms();
+            actions::resolve(store.as_ref(), client.liveness(), now, row, column, *lock_ts, &lock)
+                .await?;
+        }
+    }
+    Ok(())
+}
