@@ -1,0 +1,58 @@
+//! Helpers shared by the transaction tests: stores with the transaction schema, clients.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use perc_oracle::{LocalOracle, Oracle};
+use perc_store::{MemStore, Schema, SledOptions, SledStore, Store};
+use perc_txn::{Client, Clock, TxnConfig, TxnError};
+
+pub fn schema() -> Schema {
+    let mut schema = Schema::new(perc_txn::FAMILIES);
+    schema.add(perc_oracle::FAMILY);
+    schema
+}
+
+pub fn mem_store() -> Arc<dyn Store> {
+    Arc::new(MemStore::new(schema()))
+}
+
+pub fn sled_store(dir: &Path) -> Arc<dyn Store> {
+    Arc::new(SledStore::open(dir, schema(), &SledOptions::default()).expect("open sled"))
+}
+
+/// A small oracle block, so that reservations happen during the tests too.
+pub async fn oracle(store: &Arc<dyn Store>) -> Arc<dyn Oracle> {
+    Arc::new(LocalOracle::open(store.clone(), 16).await.expect("oracle"))
+}
+
+pub async fn client(
+    store: &Arc<dyn Store>,
+    oracle: &Arc<dyn Oracle>,
+    clock: &Arc<dyn Clock>,
+    config: TxnConfig,
+) -> Client {
+    Client::new(store.clone(), oracle.clone(), clock.clone(), config).await.expect("client")
+}
+
+/// Runs `body` in fresh transactions until it commits or fails for a reason other than
+/// concurrency; returns its commit timestamp.
+pub async fn retry<F, Fut>(client: &Client, mut body: F) -> Result<(), TxnError>
+where
+    F: FnMut(perc_txn::Transaction) -> Fut,
+    Fut: std::future::Future<Output = Result<(), TxnError>>,
+{
+    let mut attempt = 0;
+    loop {
+        let txn = client.begin().await?;
+        match body(txn).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_retryable() => {
+                client.clock().sleep_ms(client.backoff_ms(attempt)).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
