@@ -66,6 +66,11 @@ pub struct LockInfo {
 }
 
 /// Prewrites every cell of `row` in one conditional mutation.
+///
+/// The condition is "no lock, and no write record at or after `start_ts`". Other
+/// transactions' rollback records are write records too, but not commits: when a prewrite
+/// fails only because of them, it is retried with a condition that leaves out exactly their
+/// timestamps (a start_ts is never a commit_ts, so nothing else can stand there).
 pub async fn prewrite(
     store: &dyn Store,
     row: &Bytes,
@@ -73,15 +78,8 @@ pub async fn prewrite(
     start_ts: Ts,
     info: &LockInfo,
 ) -> Result<(), TxnError> {
-    let mut conditions = Vec::with_capacity(cells.len() * 2);
     let mut mutations = Vec::with_capacity(cells.len() * 2);
     for cell in cells {
-        conditions.push(Condition::NoCellIn {
-            column: write_col(&cell.column),
-            range: TsRange::from(start_ts),
-        });
-        conditions
-            .push(Condition::NoCellIn { column: lock_col(&cell.column), range: TsRange::ALL });
         if let Some(value) = &cell.value {
             mutations.push(Mutation::Put {
                 column: data_col(&cell.column),
@@ -103,15 +101,50 @@ pub async fn prewrite(
             value: lock.encode(),
         });
     }
+    // Per cell: the timestamps of other transactions' rollback records at or after start_ts.
+    let mut skip: Vec<Vec<Ts>> = vec![Vec::new(); cells.len()];
     loop {
+        let mut conditions = Vec::with_capacity(cells.len() * 2);
+        for (cell, skip) in cells.iter().zip(&skip) {
+            for range in gaps(start_ts, skip) {
+                conditions.push(Condition::NoCellIn { column: write_col(&cell.column), range });
+            }
+            conditions
+                .push(Condition::NoCellIn { column: lock_col(&cell.column), range: TsRange::ALL });
+        }
         if store.check_and_mutate(row, &conditions, &mutations).await? {
             return Ok(());
         }
-        // Name the conflict; if it vanished in between (a lock rolled back), try again.
-        if let Some(conflict) = explain_conflict(store, row, cells, start_ts).await? {
-            return Err(conflict);
+        // Name the conflict; if there is none (a lock vanished, or only rollbacks of others
+        // stand in the way), try again.
+        match explain_conflict(store, row, cells, start_ts).await? {
+            Explained::Conflict(e) => return Err(e),
+            Explained::OthersRollbacks(rollbacks) => skip = rollbacks,
         }
     }
+}
+
+/// `[start_ts, MAX]` without the timestamps in `skip`, as ranges.
+fn gaps(start_ts: Ts, skip: &[Ts]) -> Vec<TsRange> {
+    let mut skip: Vec<Ts> = skip.iter().copied().filter(|t| *t >= start_ts).collect();
+    skip.sort();
+    let mut out = Vec::with_capacity(skip.len() + 1);
+    let mut from = start_ts;
+    for t in skip {
+        if t > from {
+            out.push(TsRange::new(from, Ts(t.0 - 1)));
+        }
+        from = t.next();
+    }
+    if from <= Ts::MAX {
+        out.push(TsRange::from(from));
+    }
+    out
+}
+
+enum Explained {
+    Conflict(TxnError),
+    OthersRollbacks(Vec<Vec<Ts>>),
 }
 
 async fn explain_conflict(
@@ -119,34 +152,39 @@ async fn explain_conflict(
     row: &Bytes,
     cells: &[CellWrite],
     start_ts: Ts,
-) -> Result<Option<TxnError>, TxnError> {
+) -> Result<Explained, TxnError> {
     let reads: Vec<ColumnRead> = cells
         .iter()
         .flat_map(|c| {
             [
-                ColumnRead::newest(write_col(&c.column), TsRange::from(start_ts)),
+                ColumnRead::all(write_col(&c.column), TsRange::from(start_ts)),
                 ColumnRead::newest(lock_col(&c.column), TsRange::ALL),
             ]
         })
         .collect();
     let got = store.read_row(row, &reads).await?;
+    let mut rollbacks = Vec::with_capacity(cells.len());
     for (cell, pair) in cells.iter().zip(got.chunks(2)) {
-        if let Some(w) = pair[0].first() {
+        let mut mine = Vec::new();
+        for w in &pair[0] {
             let record = WriteRecord::decode(&w.value)?;
-            if record.kind == WriteKind::Rollback && record.start_ts == start_ts {
-                // Our own rollback guard: a resolver decided this transaction is dead.
-                return Ok(Some(TxnError::RolledBack { start_ts }));
+            if record.kind != WriteKind::Rollback {
+                return Ok(Explained::Conflict(TxnError::WriteConflict {
+                    row: row.clone(),
+                    column: cell.column.clone(),
+                    start_ts,
+                    conflicting_commit_ts: w.ts,
+                }));
             }
-            return Ok(Some(TxnError::WriteConflict {
-                row: row.clone(),
-                column: cell.column.clone(),
-                start_ts,
-                conflicting_commit_ts: w.ts,
-            }));
+            if record.start_ts == start_ts {
+                // Our own rollback guard: a resolver decided this transaction is dead.
+                return Ok(Explained::Conflict(TxnError::RolledBack { start_ts }));
+            }
+            mine.push(w.ts);
         }
         if let Some(l) = pair[1].first() {
             let lock = LockRecord::decode(&l.value)?;
-            return Ok(Some(TxnError::LockConflict {
+            return Ok(Explained::Conflict(TxnError::LockConflict {
                 row: row.clone(),
                 column: cell.column.clone(),
                 start_ts,
@@ -154,8 +192,9 @@ async fn explain_conflict(
                 owner: lock.owner,
             }));
         }
+        rollbacks.push(mine);
     }
-    Ok(None)
+    Ok(Explained::OthersRollbacks(rollbacks))
 }
 
 /// Commits the primary's row: the commit point. Other cells of the same row commit with it.
@@ -402,5 +441,22 @@ pub async fn resolve(
             }
             Ok(Resolution::RolledBack)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_leave_out_exactly_the_skipped_timestamps() {
+        let r = |a, b| TsRange::new(Ts(a), Ts(b));
+        assert_eq!(gaps(Ts(10), &[]), vec![TsRange::from(Ts(10))]);
+        assert_eq!(
+            gaps(Ts(10), &[Ts(12), Ts(15)]),
+            vec![r(10, 11), r(13, 14), TsRange::from(Ts(16))]
+        );
+        assert_eq!(gaps(Ts(10), &[Ts(11), Ts(10)]), vec![TsRange::from(Ts(12))]);
+        assert_eq!(gaps(Ts(10), &[Ts::MAX]), vec![r(10, Ts::MAX.0 - 1)]);
     }
 }

@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 const ACCOUNTS: usize = 12;
 const INITIAL: i64 = 1_000;
 const TRANSFER_TASKS: u64 = 4;
-const TRANSFERS_EACH: u64 = 150;
+const TRANSFERS_EACH: u64 = 400;
 const SEED: u64 = 0xBA4C;
 
 fn account(i: usize) -> Bytes {

@@ -1,0 +1,26 @@
+# Thin aliases; logic that outgrows a line belongs in Rust.
+CARGO ?= cargo
+
+.PHONY: run test lint bench golden
+
+# The transactional core's demo on the embedded sled store under ./data (the crawl demo of
+# SPEC §1 replaces it when the indexing pipeline lands).
+run:
+	$(CARGO) run --release -p perc-txn --example bank -- ./data/bank
+
+# Every test, every backend, every feature.
+# (Doc tests first, so that the run closes with nextest's summary of every test.)
+test:
+	$(CARGO) test --workspace --all-features --doc --quiet
+	$(CARGO) nextest run --workspace --all-features --no-fail-fast
+
+lint:
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
+	$(CARGO) fmt --all --check
+
+bench:
+	$(CARGO) run --release -p perc-bench -- core
+
+# Rewrite the recorded output of the golden scripts; review the diff before committing.
+golden:
+	UPDATE_GOLDENFILES=1 $(CARGO) test -p perc-txn --test golden

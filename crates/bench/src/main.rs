@@ -1,0 +1,32 @@
+//! `perc-bench`: measures perc's real paths on this machine and prints tables.
+//!
+//! Every figure is a rate measured over a fixed amount of work on a fresh sled store in a
+//! temporary directory; ratios are taken between figures of the same run, because the
+//! machine is shared and absolute numbers drift. `make bench` runs every suite.
+
+mod core;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "perc benchmarks")]
+struct Args {
+    #[command(subcommand)]
+    suite: Option<Suite>,
+    /// Scale the amount of work (1.0 = the default sizes).
+    #[arg(long, default_value_t = 1.0, global = true)]
+    scale: f64,
+}
+
+#[derive(Subcommand)]
+enum Suite {
+    /// Store operations, transactions and the oracle (issue: transactional core).
+    Core,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    match args.suite.unwrap_or(Suite::Core) {
+        Suite::Core => core::run(args.scale),
+    }
+}
