@@ -206,14 +206,12 @@ async fn store_ops(scale: f64) -> Result<()> {
     for h in handles {
         h.await??;
     }
-    let counts = store.counts();
     t.add(
         format!("write + sync, {tasks} tasks"),
         rate(syncs / 4 * tasks, start.elapsed().as_secs_f64()),
         "durable writes; group commit shares flushes",
     );
     t.print("sled store operations (1 task unless noted)");
-    let _ = counts;
     Ok(())
 }
 
