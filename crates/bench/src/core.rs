@@ -245,10 +245,11 @@ async fn rmw_raw(store: &dyn Store, a: u64, b: u64) -> Result<()> {
     Ok(())
 }
 
+/// A counted store, and the directory it lives in (none for mem).
+type Opened = (Option<tempfile::TempDir>, Arc<Counted<Arc<dyn Store>>>);
+
 /// A fresh store of either backend, counted.
-fn open_backend(
-    backend: &str,
-) -> Result<(Option<tempfile::TempDir>, Arc<Counted<Arc<dyn Store>>>)> {
+fn open_backend(backend: &str) -> Result<Opened> {
     Ok(match backend {
         "sled" => {
             let dir = tempfile::tempdir()?;
