@@ -333,6 +333,37 @@ pub trait Store: Send + Sync + 'static {
     async fn sync(&self) -> Result<()>;
 }
 
+/// Forwarding through a shared pointer, so `Arc<dyn Store>` is itself a store.
+#[async_trait]
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn schema(&self) -> &Schema {
+        (**self).schema()
+    }
+    async fn read_row(&self, row: &[u8], reads: &[ColumnRead]) -> Result<Vec<Vec<Cell>>> {
+        (**self).read_row(row, reads).await
+    }
+    async fn read_rows(&self, rows: &[RowRead]) -> Result<Vec<Vec<Vec<Cell>>>> {
+        (**self).read_rows(rows).await
+    }
+    async fn check_and_mutate(
+        &self,
+        row: &[u8],
+        conditions: &[Condition],
+        mutations: &[Mutation],
+    ) -> Result<bool> {
+        (**self).check_and_mutate(row, conditions, mutations).await
+    }
+    async fn mutate_rows(&self, rows: &[RowMutation]) -> Result<()> {
+        (**self).mutate_rows(rows).await
+    }
+    async fn scan(&self, scan: &Scan) -> Result<Vec<ScanCell>> {
+        (**self).scan(scan).await
+    }
+    async fn sync(&self) -> Result<()> {
+        (**self).sync().await
+    }
+}
+
 /// Checks the limits and the schema for one row's worth of work.
 pub(crate) fn validate(
     schema: &Schema,

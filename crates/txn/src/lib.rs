@@ -188,6 +188,16 @@ pub enum CommitStep {
     MidSecondaries,
 }
 
+impl CommitStep {
+    /// Every step, in commit order.
+    pub const ALL: [CommitStep; 4] = [
+        CommitStep::AfterPrewritePrimary,
+        CommitStep::AfterPrewriteAll,
+        CommitStep::AfterCommitPrimary,
+        CommitStep::MidSecondaries,
+    ];
+}
+
 /// How a commit stopped by [`Transaction::commit_crashing_at`] left the transaction.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Crashed {

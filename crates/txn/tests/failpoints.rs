@@ -11,12 +11,7 @@ use perc_store::{Scan, Store};
 use perc_txn::{actions, Clock, CommitStep, Crashed, LockRecord, ManualClock, TxnConfig};
 
 const ROWS: usize = 6;
-const STEPS: [CommitStep; 4] = [
-    CommitStep::AfterPrewritePrimary,
-    CommitStep::AfterPrewriteAll,
-    CommitStep::AfterCommitPrimary,
-    CommitStep::MidSecondaries,
-];
+const STEPS: [CommitStep; 4] = CommitStep::ALL;
 
 fn row(i: usize) -> Bytes {
     Bytes::from(format!("row{i}"))
