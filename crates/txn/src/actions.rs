@@ -29,6 +29,13 @@ pub const LOCK: FamilySpec = FamilySpec { name: "lock", locality: Locality::Row 
 /// `write`: a commit record at commit_ts pointing to data at start_ts (or a rollback record).
 pub const WRITE: FamilySpec = FamilySpec { name: "write", locality: Locality::Row };
 
+/// `notify`: a hint that a watched column changed, at the writer's commit_ts (or a weak
+/// notification). In a locality group of its own, so that scanning it reads nothing else.
+pub const NOTIFY: FamilySpec = FamilySpec { name: "notify", locality: Locality::Own };
+
+pub fn notify_col(c: &Bytes) -> Column {
+    Column { family: NOTIFY.name, qualifier: c.clone() }
+}
 pub fn data_col(c: &Bytes) -> Column {
     Column { family: DATA.name, qualifier: c.clone() }
 }

@@ -28,7 +28,7 @@ pub mod error;
 pub mod liveness;
 pub mod record;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -47,8 +47,22 @@ pub use record::{LockRecord, WorkerId, WriteKind, WriteRecord};
 use actions::{data_col, lock_col, write_col, LockInfo};
 
 /// The families this layer needs in the store's schema.
-pub const FAMILIES: [FamilySpec; 4] =
-    [actions::DATA, actions::LOCK, actions::WRITE, liveness::FAMILY];
+pub const FAMILIES: [FamilySpec; 5] =
+    [actions::DATA, actions::LOCK, actions::WRITE, actions::NOTIFY, liveness::FAMILY];
+
+/// Which columns have observers: a commit that writes one of them also sets its notify cell.
+pub trait Watch: Send + Sync + 'static {
+    fn watches(&self, column: &[u8]) -> bool;
+}
+
+/// No column is watched.
+pub struct WatchNothing;
+
+impl Watch for WatchNothing {
+    fn watches(&self, _column: &[u8]) -> bool {
+        false
+    }
+}
 
 /// Tuning, every duration in milliseconds.
 #[derive(Clone, Debug)]
@@ -92,7 +106,13 @@ struct Inner {
     liveness: Liveness,
     worker: WorkerId,
     config: TxnConfig,
+    watch: Arc<dyn Watch>,
     last_heartbeat_ms: AtomicU64,
+    /// Start timestamps of this worker's open transactions (a multiset), and the newest
+    /// timestamp it has received: together they bound from below every start_ts this worker
+    /// will ever use (its low watermark).
+    active: Mutex<BTreeMap<Ts, usize>>,
+    last_seen_ts: AtomicU64,
     rng: Mutex<SmallRng>,
 }
 
@@ -105,9 +125,23 @@ impl Client {
         clock: Arc<dyn Clock>,
         config: TxnConfig,
     ) -> Result<Client, TxnError> {
-        let worker = WorkerId(oracle.next().await?.0);
+        Client::with_watch(store, oracle, clock, config, Arc::new(WatchNothing)).await
+    }
+
+    /// A client whose commits set notify cells for the columns `watch` names.
+    pub async fn with_watch(
+        store: Arc<dyn Store>,
+        oracle: Arc<dyn Oracle>,
+        clock: Arc<dyn Clock>,
+        config: TxnConfig,
+        watch: Arc<dyn Watch>,
+    ) -> Result<Client, TxnError> {
+        let first = oracle.next().await?;
+        let worker = WorkerId(first.0);
         let liveness = Liveness::new(store.clone(), clock.clone(), config.liveness_ttl_ms);
-        liveness.heartbeat(worker).await?;
+        // Every later start_ts comes from the oracle after this one: `first` is a valid low
+        // watermark from the moment the row exists.
+        liveness.heartbeat(worker, first).await?;
         let rng = SmallRng::seed_from_u64(config.seed ^ worker.0);
         Ok(Client {
             inner: Arc::new(Inner {
@@ -118,6 +152,9 @@ impl Client {
                 liveness,
                 worker,
                 config,
+                watch,
+                active: Mutex::new(BTreeMap::new()),
+                last_seen_ts: AtomicU64::new(first.0),
                 rng: Mutex::new(rng),
             }),
         })
@@ -145,9 +182,32 @@ impl Client {
     /// Refreshes this worker's heartbeat. A worker that runs long calls this periodically
     /// (every third of `liveness_ttl_ms`); commits also refresh it when it is getting old.
     pub async fn heartbeat(&self) -> Result<(), TxnError> {
-        self.inner.liveness.heartbeat(self.inner.worker).await?;
-        self.inner.last_heartbeat_ms.store(self.inner.clock.now_ms(), Ordering::Relaxed);
+        let now = self.inner.clock.now_ms();
+        self.inner.liveness.heartbeat(self.inner.worker, self.low_watermark()).await?;
+        self.inner.last_heartbeat_ms.store(now, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// No transaction of this worker, open or future, has a start_ts below this.
+    pub fn low_watermark(&self) -> Ts {
+        let active = self.inner.active.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = Ts(self.inner.last_seen_ts.load(Ordering::SeqCst));
+        active.keys().next().copied().map_or(seen, |oldest| oldest.min(seen))
+    }
+
+    fn track(&self, ts: Ts) {
+        let mut active = self.inner.active.lock().unwrap_or_else(|e| e.into_inner());
+        *active.entry(ts).or_default() += 1;
+    }
+
+    fn untrack(&self, ts: Ts) {
+        let mut active = self.inner.active.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = active.get_mut(&ts) {
+            *n -= 1;
+            if *n == 0 {
+                active.remove(&ts);
+            }
+        }
     }
 
     /// Leaves the registry (a clean shutdown). Locks left behind become cleanable at once.
@@ -156,8 +216,23 @@ impl Client {
     }
 
     pub async fn begin(&self) -> Result<Transaction, TxnError> {
-        let start_ts = self.inner.oracle.next().await?;
-        Ok(Transaction { client: self.clone(), start_ts, writes: BTreeMap::new() })
+        // Hold the watermark at the last timestamp seen until the new one is known, so that
+        // a heartbeat published meanwhile never claims more than is true.
+        let placeholder = Ts(self.inner.last_seen_ts.load(Ordering::SeqCst));
+        self.track(placeholder);
+        let got = self.inner.oracle.next().await;
+        if let Ok(ts) = &got {
+            self.track(*ts);
+            self.inner.last_seen_ts.fetch_max(ts.0, Ordering::SeqCst);
+        }
+        self.untrack(placeholder);
+        let start_ts = got?;
+        Ok(Transaction {
+            client: self.clone(),
+            start_ts,
+            writes: BTreeMap::new(),
+            weak: BTreeSet::new(),
+        })
     }
 
     async fn heartbeat_if_old(&self) -> Result<(), TxnError> {
@@ -210,6 +285,14 @@ pub struct Transaction {
     client: Client,
     start_ts: Ts,
     writes: BTreeMap<(Bytes, Bytes), Option<Bytes>>,
+    /// Weak notifications to set at commit.
+    weak: BTreeSet<(Bytes, Bytes)>,
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        self.client.untrack(self.start_ts);
+    }
 }
 
 impl Transaction {
@@ -278,7 +361,7 @@ impl Transaction {
                 continue;
             }
             let got = fetched.next().expect("one answer per read");
-            out.push(self.resolve_read(&key.0, &key.1, got).await?);
+            out.push(self.resolve_read(&key.0, &key.1, got).await?.and_then(|(_, v)| v));
         }
         Ok(out)
     }
@@ -293,14 +376,29 @@ impl Transaction {
         ]
     }
 
-    /// Turns one cell's (lock, write, data) reads into its value, waiting on and resolving
-    /// locks, and re-reading as needed.
+    /// The commit timestamp of the newest committed write (put or delete) of `(row, column)`
+    /// in this snapshot, if there is one. Observers use it to tell whether a column changed
+    /// since they last ran.
+    pub async fn last_commit_ts(&self, row: &[u8], column: &[u8]) -> Result<Option<Ts>, TxnError> {
+        let (row, column) = (Bytes::copy_from_slice(row), Bytes::copy_from_slice(column));
+        let got = self.client.store().read_row(&row, &self.snapshot_reads(&column)).await?;
+        Ok(self.resolve_read(&row, &column, got).await?.map(|(ts, _)| ts))
+    }
+
+    /// Buffers a weak notification of `(row, column)`: set at commit without a write, so
+    /// it conflicts with nothing (for hot rows, such as counters with many writers).
+    pub fn notify(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
+        self.weak.insert((row.into(), column.into()));
+    }
+
+    /// Turns one cell's (lock, write, data) reads into (commit_ts, value) of its newest
+    /// committed write, waiting on and resolving locks, and re-reading as needed.
     async fn resolve_read(
         &self,
         row: &Bytes,
         column: &Bytes,
         mut got: Vec<Vec<perc_store::Cell>>,
-    ) -> Result<Option<Bytes>, TxnError> {
+    ) -> Result<Option<(Ts, Option<Bytes>)>, TxnError> {
         let client = &self.client;
         let store = client.store();
         let mut attempt = 0u32;
@@ -350,16 +448,16 @@ impl Transaction {
                 let record = WriteRecord::decode(&w.value)?;
                 match record.kind {
                     WriteKind::Rollback => continue,
-                    WriteKind::Delete => return Ok(None),
+                    WriteKind::Delete => return Ok(Some((w.ts, None))),
                     WriteKind::Put => {
                         if let Some(d) = got[2].first().filter(|d| d.ts == record.start_ts) {
-                            return Ok(Some(d.value.clone()));
+                            return Ok(Some((w.ts, Some(d.value.clone()))));
                         }
                         let exact =
                             ColumnRead::newest(data_col(column), TsRange::at(record.start_ts));
                         let mut data = store.read_row(row, &[exact]).await?.remove(0);
                         return match data.pop() {
-                            Some(d) => Ok(Some(d.value)),
+                            Some(d) => Ok(Some((w.ts, Some(d.value)))),
                             None => Err(TxnError::Corrupt(format!(
                                 "{}/{}: the write record at {} names data at {} that does not exist",
                                 error::show(row),
@@ -394,16 +492,36 @@ impl Transaction {
         }
     }
 
-    async fn commit_inner(self, crash: Option<CommitStep>) -> Result<Outcome, TxnError> {
-        if self.writes.is_empty() {
-            return Ok(Outcome::Committed(None));
-        }
+    async fn commit_inner(mut self, crash: Option<CommitStep>) -> Result<Outcome, TxnError> {
+        let writes = std::mem::take(&mut self.writes);
+        let weak = std::mem::take(&mut self.weak);
         let client = self.client.clone();
         let store = client.store().as_ref();
         let start_ts = self.start_ts;
+        if writes.is_empty() {
+            if !weak.is_empty() {
+                let ts = client.oracle().next().await?;
+                set_notifications(store, weak, ts).await?;
+            }
+            return Ok(Outcome::Committed(None));
+        }
+        // A worker whose heartbeat lapsed may have been declared dead: its locks may be gone
+        // and garbage collection may have passed its snapshot. Refuse; a retry starts fresh.
+        let last_beat = client.inner.last_heartbeat_ms.load(Ordering::Relaxed);
+        if client.clock().now_ms().saturating_sub(last_beat) > client.config().liveness_ttl_ms {
+            client.heartbeat().await?;
+            return Err(TxnError::RolledBack { start_ts });
+        }
+        // Strong notifications: every written column that has an observer.
+        let mut notify = weak;
+        for (row, column) in writes.keys() {
+            if client.inner.watch.watches(column) {
+                notify.insert((row.clone(), column.clone()));
+            }
+        }
         // Group the buffer by row; the first cell (in key order) is the primary.
         let mut rows: BTreeMap<Bytes, Vec<CellWrite>> = BTreeMap::new();
-        for ((row, column), value) in self.writes {
+        for ((row, column), value) in writes {
             rows.entry(row).or_default().push(CellWrite { column, value });
         }
         let (primary_row, primary_cells) = rows.pop_first().expect("non-empty");
@@ -455,6 +573,11 @@ impl Transaction {
         }
 
         let commit_ts = client.oracle().next().await?;
+        // Notify cells go in before the commit point, at commit_ts: a crash between the two
+        // leaves a notification whose worker finds no change (harmless), never a change with
+        // no notification. A worker that finds the notification at commit_ts and starts after
+        // it either sees this commit or waits on its locks until it is decided.
+        set_notifications(store, notify, commit_ts).await?;
         let kinds = |cells: &[CellWrite]| -> Vec<(Bytes, WriteKind)> {
             cells.iter().map(|c| (c.column.clone(), c.kind())).collect()
         };
@@ -482,6 +605,30 @@ impl Transaction {
         actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts).await?;
         Ok(Outcome::Committed(Some(commit_ts)))
     }
+}
+
+/// Sets the notify cells of `cells` at `ts` (one batched call).
+async fn set_notifications(
+    store: &dyn Store,
+    cells: BTreeSet<(Bytes, Bytes)>,
+    ts: Ts,
+) -> Result<(), TxnError> {
+    if cells.is_empty() {
+        return Ok(());
+    }
+    let batch: Vec<perc_store::RowMutation> = cells
+        .into_iter()
+        .map(|(row, column)| perc_store::RowMutation {
+            row,
+            mutations: vec![perc_store::Mutation::Put {
+                column: actions::notify_col(&column),
+                ts,
+                value: Bytes::new(),
+            }],
+        })
+        .collect();
+    store.mutate_rows(&batch).await?;
+    Ok(())
 }
 
 enum Outcome {

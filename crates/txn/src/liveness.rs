@@ -1,16 +1,23 @@
-//! The worker liveness registry: a row per live worker, refreshed while it holds locks.
+//! The worker liveness registry: a row per live worker, refreshed while it works.
 //!
 //! The paper keeps worker liveness in Chubby; perc keeps it in the store, so it needs nothing
-//! else: row `<worker id>` of family `worker` holds the worker's last heartbeat (wall ms).
-//! A lock's owner counts as dead when its row is missing (deregistered, or never written) or
-//! its heartbeat is older than `liveness_ttl_ms`. Only then, or when the lock itself is older
-//! than its TTL (an owner alive but stuck), may another worker clean the lock up.
+//! else: row `<worker id>` of family `worker` holds the worker's last heartbeat (wall ms) and
+//! its *low watermark*, a timestamp no transaction of this worker, running or future, starts
+//! below. A lock's owner counts as dead when its row is missing (deregistered, or never
+//! written) or its heartbeat is older than `liveness_ttl_ms`; only then, or when the lock
+//! itself is older than its TTL (an owner alive but stuck), may another worker clean the lock
+//! up. Garbage collection reads every live worker's low watermark: versions that only
+//! transactions below the smallest one could read are garbage.
+//!
+//! ```text
+//!   family "worker"   row "000000000000002a"   heartbeat@0 = wall_ms (8 B) ++ low_watermark (8 B)
+//! ```
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use perc_store::{
-    Column, ColumnRead, FamilySpec, Locality, Mutation, RowMutation, Store, Ts, TsRange,
+    Column, ColumnRead, FamilySpec, Locality, Mutation, RowMutation, Scan, Store, Ts, TsRange,
 };
 
 use crate::clock::Clock;
@@ -27,11 +34,30 @@ fn column() -> Column {
     Column::new(FAMILY.name, Bytes::from_static(b"heartbeat"))
 }
 
+/// A registered worker as the registry shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerEntry {
+    pub worker: WorkerId,
+    pub heartbeat_ms: u64,
+    pub low_watermark: Ts,
+}
+
 #[derive(Clone)]
 pub struct Liveness {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     ttl_ms: u64,
+}
+
+fn decode(worker: WorkerId, raw: &[u8]) -> Result<WorkerEntry, TxnError> {
+    if raw.len() != 16 {
+        return Err(TxnError::Corrupt(format!("heartbeat of {worker}: {} bytes", raw.len())));
+    }
+    Ok(WorkerEntry {
+        worker,
+        heartbeat_ms: u64::from_be_bytes(raw[..8].try_into().unwrap()),
+        low_watermark: Ts(u64::from_be_bytes(raw[8..].try_into().unwrap())),
+    })
 }
 
 impl Liveness {
@@ -43,14 +69,13 @@ impl Liveness {
         self.ttl_ms
     }
 
-    /// Writes `worker`'s heartbeat at the current wall time.
-    pub async fn heartbeat(&self, worker: WorkerId) -> Result<(), TxnError> {
+    /// Writes `worker`'s heartbeat at the current wall time, with its low watermark.
+    pub async fn heartbeat(&self, worker: WorkerId, low_watermark: Ts) -> Result<(), TxnError> {
         let now = self.clock.now_ms();
-        let m = Mutation::Put {
-            column: column(),
-            ts: Ts::ZERO,
-            value: Bytes::copy_from_slice(&now.to_be_bytes()),
-        };
+        let mut value = Vec::with_capacity(16);
+        value.extend_from_slice(&now.to_be_bytes());
+        value.extend_from_slice(&low_watermark.0.to_be_bytes());
+        let m = Mutation::Put { column: column(), ts: Ts::ZERO, value: value.into() };
         self.store.mutate_rows(&[RowMutation { row: row(worker), mutations: vec![m] }]).await?;
         Ok(())
     }
@@ -62,21 +87,36 @@ impl Liveness {
         Ok(())
     }
 
+    fn fresh(&self, entry: &WorkerEntry) -> bool {
+        self.clock.now_ms().saturating_sub(entry.heartbeat_ms) <= self.ttl_ms
+    }
+
     /// Whether `worker` has a heartbeat younger than the TTL.
     pub async fn is_alive(&self, worker: WorkerId) -> Result<bool, TxnError> {
         let got = self
             .store
             .read_row(&row(worker), &[ColumnRead::newest(column(), TsRange::ALL)])
             .await?;
-        let Some(cell) = got[0].first() else {
-            return Ok(false);
-        };
-        let beat: [u8; 8] = cell
-            .value
-            .as_ref()
-            .try_into()
-            .map_err(|_| TxnError::Corrupt(format!("heartbeat of {}", worker)))?;
-        let beat = u64::from_be_bytes(beat);
-        Ok(self.clock.now_ms().saturating_sub(beat) <= self.ttl_ms)
+        match got[0].first() {
+            None => Ok(false),
+            Some(cell) => Ok(self.fresh(&decode(worker, &cell.value)?)),
+        }
+    }
+
+    /// Every registered worker, live or not, in id order.
+    pub async fn workers(&self) -> Result<Vec<(WorkerEntry, bool)>, TxnError> {
+        let scan =
+            Scan { family: FAMILY.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        let mut out = Vec::new();
+        for cell in self.store.scan(&scan).await? {
+            let id = std::str::from_utf8(&cell.row)
+                .ok()
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+                .ok_or_else(|| TxnError::Corrupt(format!("worker row {:?}", cell.row)))?;
+            let entry = decode(WorkerId(id), &cell.value)?;
+            let alive = self.fresh(&entry);
+            out.push((entry, alive));
+        }
+        Ok(out)
     }
 }
