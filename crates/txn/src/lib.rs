@@ -258,6 +258,8 @@ impl Client {
 pub enum CommitStep {
     AfterPrewritePrimary,
     AfterPrewriteAll,
+    /// After the notify cells are set at commit_ts, before the primary commits.
+    BeforeCommitPrimary,
     AfterCommitPrimary,
     /// After committing half of the secondary rows (rounded down).
     MidSecondaries,
@@ -265,9 +267,10 @@ pub enum CommitStep {
 
 impl CommitStep {
     /// Every step, in commit order.
-    pub const ALL: [CommitStep; 4] = [
+    pub const ALL: [CommitStep; 5] = [
         CommitStep::AfterPrewritePrimary,
         CommitStep::AfterPrewriteAll,
+        CommitStep::BeforeCommitPrimary,
         CommitStep::AfterCommitPrimary,
         CommitStep::MidSecondaries,
     ];
@@ -578,6 +581,9 @@ impl Transaction {
         // no notification. A worker that finds the notification at commit_ts and starts after
         // it either sees this commit or waits on its locks until it is decided.
         set_notifications(store, notify, commit_ts).await?;
+        if crash == Some(CommitStep::BeforeCommitPrimary) {
+            return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
+        }
         let kinds = |cells: &[CellWrite]| -> Vec<(Bytes, WriteKind)> {
             cells.iter().map(|c| (c.column.clone(), c.kind())).collect()
         };

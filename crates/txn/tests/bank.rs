@@ -103,8 +103,9 @@ fn bank_invariant_holds_under_crashes_sled() {
                     let from = rng.random_range(0..ACCOUNTS);
                     let to = (from + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
                     let amount = rng.random_range(1..50i64);
-                    let crash =
-                        rng.random_bool(0.08).then(|| CommitStep::ALL[rng.random_range(0..4)]);
+                    let crash = rng
+                        .random_bool(0.08)
+                        .then(|| CommitStep::ALL[rng.random_range(0..CommitStep::ALL.len())]);
                     let result: Result<(), TxnError> = async {
                         let mut t = client.begin().await?;
                         let a = parse(t.get(&account(from), b"balance").await?)?;

@@ -11,7 +11,7 @@ use perc_store::{Scan, Store};
 use perc_txn::{actions, Clock, CommitStep, Crashed, LockRecord, ManualClock, TxnConfig};
 
 const ROWS: usize = 6;
-const STEPS: [CommitStep; 4] = CommitStep::ALL;
+const STEPS: [CommitStep; 5] = CommitStep::ALL;
 
 fn row(i: usize) -> Bytes {
     Bytes::from(format!("row{i}"))
@@ -49,7 +49,9 @@ async fn crash_then_read(store: Arc<dyn Store>, step: CommitStep, death: Death, 
     let crashed = t.commit_crashing_at(step).await.unwrap();
     let expect = match (step, crashed) {
         (
-            CommitStep::AfterPrewritePrimary | CommitStep::AfterPrewriteAll,
+            CommitStep::AfterPrewritePrimary
+            | CommitStep::AfterPrewriteAll
+            | CommitStep::BeforeCommitPrimary,
             Crashed::BeforeCommitPoint,
         ) => "old",
         (_, Crashed::AfterCommitPoint(_)) => "new",
@@ -122,7 +124,7 @@ fn readers_resolve_each_crash_point_sled() {
 fn concurrent_resolvers_agree() {
     let rt = rt();
     for round in 0..40u64 {
-        let step = STEPS[(round % 4) as usize];
+        let step = STEPS[(round % 5) as usize];
         rt.block_on(async move {
             let store = common::mem_store();
             let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));

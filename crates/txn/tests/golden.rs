@@ -8,7 +8,8 @@
 //!   tN: get ROW COL               read in tN's snapshot
 //!   tN: commit [crash=STEP]       commit, or stop at STEP as if the process died there
 //!                                 (after_prewrite_primary, after_prewrite_all,
-//!                                 after_commit_primary, mid_secondaries)
+//!                                 before_commit_primary, after_commit_primary,
+//!                                 mid_secondaries)
 //!   tN: commit_primary            run the commit-primary step again (at tN's commit_ts if
 //!                                 it has one, else at a fresh one)
 //!   tN: rollback                  roll back tN's primary (as a resolver would)
@@ -120,6 +121,7 @@ fn step(name: &str) -> Result<CommitStep, Box<dyn Error>> {
     Ok(match name {
         "after_prewrite_primary" => CommitStep::AfterPrewritePrimary,
         "after_prewrite_all" => CommitStep::AfterPrewriteAll,
+        "before_commit_primary" => CommitStep::BeforeCommitPrimary,
         "after_commit_primary" => CommitStep::AfterCommitPrimary,
         "mid_secondaries" => CommitStep::MidSecondaries,
         other => return Err(format!("unknown commit step {other}").into()),

@@ -110,7 +110,9 @@ async fn run(seed: u64, store: Arc<dyn perc_store::Store>) -> [u32; 4] {
                 let conflict_expected =
                     a.writes.keys().any(|k| model.committed_after(*k, start_ts));
                 let lock_possible = a.writes.keys().any(|k| model.maybe_locked.contains_key(k));
-                let crash = rng.random_bool(0.25).then(|| CommitStep::ALL[rng.random_range(0..4)]);
+                let crash = rng
+                    .random_bool(0.25)
+                    .then(|| CommitStep::ALL[rng.random_range(0..CommitStep::ALL.len())]);
                 let outcome: Result<Option<Ts>, TxnError> = match crash {
                     None => a.txn.commit().await,
                     Some(s) => a.txn.commit_crashing_at(s).await.map(|c| match c {

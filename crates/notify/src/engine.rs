@@ -1,0 +1,503 @@
+//! Processing one notification, and stepping through all of them: the part of the framework
+//! that decides whether an observer runs, runs it in a transaction with its ack, and clears
+//! the notification. Scanners and workers ([`crate::workers`]) drive it concurrently; tests
+//! drive it one step at a time ([`Engine::step`]).
+//!
+//! One notification `(row, column)` whose newest notify cell is at `ts`:
+//!
+//! ```text
+//!   begin (start_ts > ts, as the oracle handed ts out before)
+//!   ack  = get(row, "perc.ack:<observer>")               start_ts of the last run, or 0
+//!   run? = strong: newest commit_ts of (row, column) > ack  (waits on that cell's locks)
+//!          weak:   ts > ack
+//!   if run: set ack = start_ts; observer.observe(txn); commit   (racing runs: one commits)
+//!   then delete notify cells of (row, column) in [0, ts]
+//! ```
+//!
+//! Why this is exact: a notify cell sits at its writer's commit_ts and is written before the
+//! writer's commit point, so by the time the run reads the column, that commit is either
+//! visible (commit_ts = ts < start_ts) or was rolled back. Several writes before a run collapse
+//! into it (their cells are all at or below `ts`); a write that commits later has a cell above
+//! `ts`, which the delete leaves, and so runs the observer again. A run that fails or conflicts
+//! deletes nothing: the notification stays to be run again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use perc_store::{
+    Column, FamilySpec, Locality, Mutation, RowMutation, Scan, ScanCell, Store, Ts, TsRange,
+};
+use perc_txn::{actions, Client, TxnError};
+
+use crate::lease::{LocalLease, RowLease};
+use crate::observer::{NotifyKind, ObserverError, Registration, Registry};
+use crate::NotifyConfig;
+
+/// Notifications parked after failing `failures_max` times: row, column -> "observer: error".
+pub const FAILED: FamilySpec = FamilySpec { name: "failed", locality: Locality::Row };
+
+/// A pending notification, collapsed: the newest notify cell of one `(row, column)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub row: Bytes,
+    pub column: Bytes,
+    pub ts: Ts,
+}
+
+/// What happened to one notification.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// The observer ran and its transaction committed.
+    Ran,
+    /// Nothing changed since the observer's last run; the notification was cleared.
+    Skipped,
+    /// Conflicts outlasted the retries; the notification stays.
+    Conflict,
+    /// The observer failed; the notification stays and is retried after a backoff.
+    Failed,
+    /// The observer failed `failures_max` times: moved to the failed list.
+    Parked,
+    /// Leased by another worker, or waiting out a failure backoff: not touched.
+    Busy,
+    /// No observer watches this column: the stale notification was cleared.
+    NoObserver,
+}
+
+#[derive(Default)]
+struct Counters {
+    runs: AtomicU64,
+    commits: AtomicU64,
+    skipped: AtomicU64,
+    conflicts: AtomicU64,
+    failures: AtomicU64,
+    parked: AtomicU64,
+    latency_us_total: AtomicU64,
+    latency_us_max: AtomicU64,
+}
+
+/// One observer's counters, as `perc status` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObserverStats {
+    pub name: String,
+    /// Times the observer was called.
+    pub runs: u64,
+    /// Runs whose transaction committed.
+    pub commits: u64,
+    /// Notifications cleared without a run (nothing changed since the last run).
+    pub skipped: u64,
+    /// Runs that ended in a write-write or lock conflict (and were retried).
+    pub conflicts: u64,
+    /// Runs that failed with an error.
+    pub failures: u64,
+    /// Notifications moved to the failed list.
+    pub parked: u64,
+    /// Mean and largest duration of a committed run, in microseconds.
+    pub latency_us_mean: u64,
+    pub latency_us_max: u64,
+}
+
+/// A parked notification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedEntry {
+    pub row: Bytes,
+    pub column: Bytes,
+    pub detail: String,
+}
+
+/// How one step over every pending notification went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    pub ran: usize,
+    pub skipped: usize,
+    pub conflicts: usize,
+    pub failed: usize,
+    pub parked: usize,
+    pub busy: usize,
+    pub no_observer: usize,
+}
+
+impl StepReport {
+    /// Notifications this step settled (ran, skipped, parked or cleared).
+    pub fn settled(&self) -> usize {
+        self.ran + self.skipped + self.parked + self.no_observer
+    }
+    fn add(&mut self, o: RunOutcome) {
+        match o {
+            RunOutcome::Ran => self.ran += 1,
+            RunOutcome::Skipped => self.skipped += 1,
+            RunOutcome::Conflict => self.conflicts += 1,
+            RunOutcome::Failed => self.failed += 1,
+            RunOutcome::Parked => self.parked += 1,
+            RunOutcome::Busy => self.busy += 1,
+            RunOutcome::NoObserver => self.no_observer += 1,
+        }
+    }
+}
+
+struct Failure {
+    count: u32,
+    not_before_ms: u64,
+}
+
+/// The framework's core: a client whose commits notify the registered observers' columns,
+/// the registry, and the bookkeeping of runs.
+pub struct Engine {
+    client: Client,
+    registry: Arc<Registry>,
+    config: NotifyConfig,
+    lease: Arc<dyn RowLease>,
+    counters: BTreeMap<String, Counters>,
+    failures: Mutex<HashMap<(Bytes, Bytes), Failure>>,
+    parked: Mutex<BTreeSet<(Bytes, Bytes)>>,
+    /// Runs in flight, and runs ever started: quiescence needs both.
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) started: AtomicU64,
+    /// Signalled whenever a run finishes.
+    pub(crate) progress: tokio::sync::Notify,
+}
+
+fn notify_delete(p: &Pending) -> RowMutation {
+    RowMutation {
+        row: p.row.clone(),
+        mutations: vec![Mutation::Delete {
+            column: actions::notify_col(&p.column),
+            range: TsRange::up_to(p.ts),
+        }],
+    }
+}
+
+/// Groups scanned notify cells (row, qualifier, ts desc) into pending notifications.
+fn collapse(cells: Vec<ScanCell>) -> Vec<Pending> {
+    let mut out: Vec<Pending> = Vec::new();
+    for c in cells {
+        match out.last_mut() {
+            Some(last) if last.row == c.row && last.column == c.qualifier => {
+                last.ts = last.ts.max(c.ts);
+            }
+            _ => out.push(Pending { row: c.row, column: c.qualifier, ts: c.ts }),
+        }
+    }
+    out
+}
+
+impl Engine {
+    /// An engine over `client`, which must have been built with `registry` as its watch
+    /// (see [`crate::client_for`]), so its commits notify exactly the observed columns.
+    pub fn new(client: Client, registry: Arc<Registry>, config: NotifyConfig) -> Engine {
+        Engine::with_lease(client, registry, config, Arc::new(LocalLease::default()))
+    }
+
+    pub fn with_lease(
+        client: Client,
+        registry: Arc<Registry>,
+        config: NotifyConfig,
+        lease: Arc<dyn RowLease>,
+    ) -> Engine {
+        let counters = registry.all().map(|r| (r.name.clone(), Counters::default())).collect();
+        Engine {
+            client,
+            registry,
+            config,
+            lease,
+            counters,
+            failures: Mutex::new(HashMap::new()),
+            parked: Mutex::new(BTreeSet::new()),
+            in_flight: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            progress: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+    pub fn config(&self) -> &NotifyConfig {
+        &self.config
+    }
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+    fn store(&self) -> &Arc<dyn Store> {
+        self.client.store()
+    }
+
+    /// Up to `limit` notify cells from row `start` on, collapsed; and where to continue
+    /// (`None`: the end of the table was reached).
+    pub async fn scan(
+        &self,
+        start: &Bytes,
+        limit: usize,
+    ) -> Result<(Vec<Pending>, Option<Bytes>), TxnError> {
+        let scan =
+            Scan { family: actions::NOTIFY.name, start: start.clone(), end: Bytes::new(), limit };
+        let cells = self.store().scan(&scan).await?;
+        let full = cells.len() >= limit;
+        let mut pending = collapse(cells);
+        if !full {
+            return Ok((pending, None));
+        }
+        // The last row may have more cells beyond the limit: leave it for the next batch,
+        // unless it is the only row here (then continue after it; what it still has waits
+        // for the next round).
+        let last_row = pending.last().map(|p| p.row.clone()).expect("a full batch");
+        if pending.iter().any(|p| p.row != last_row) {
+            pending.retain(|p| p.row != last_row);
+            Ok((pending, Some(last_row)))
+        } else {
+            let mut next = last_row.to_vec();
+            next.push(0);
+            Ok((pending, Some(next.into())))
+        }
+    }
+
+    /// Whether any notification is pending (parked ones are not: they left the notify family).
+    pub async fn has_pending(&self) -> Result<bool, TxnError> {
+        Ok(!self.scan(&Bytes::new(), 1).await?.0.is_empty())
+    }
+
+    /// Distinct pending notifications, counting at most `limit` notify cells.
+    pub async fn pending_count(&self, limit: usize) -> Result<usize, TxnError> {
+        let scan =
+            Scan { family: actions::NOTIFY.name, start: Bytes::new(), end: Bytes::new(), limit };
+        Ok(collapse(self.store().scan(&scan).await?).len())
+    }
+
+    /// Processes one notification: see the module docs.
+    pub async fn process(&self, p: &Pending) -> Result<RunOutcome, TxnError> {
+        let Some(reg) = self.registry.get(&p.column) else {
+            self.store().mutate_rows(&[notify_delete(p)]).await?;
+            return Ok(RunOutcome::NoObserver);
+        };
+        let key = (p.row.clone(), p.column.clone());
+        let now = self.client.clock().now_ms();
+        if self.failures_lock().get(&key).is_some_and(|f| f.not_before_ms > now) {
+            return Ok(RunOutcome::Busy);
+        }
+        let Some(_lease) = self.lease.try_acquire(&p.row, &p.column) else {
+            return Ok(RunOutcome::Busy);
+        };
+        let counters = &self.counters[&reg.name];
+        let mut attempt = 0;
+        loop {
+            let started = Instant::now();
+            match self.run_once(reg, p, counters).await {
+                Ok(ran) => {
+                    if ran {
+                        let us = started.elapsed().as_micros() as u64;
+                        counters.commits.fetch_add(1, Ordering::Relaxed);
+                        counters.latency_us_total.fetch_add(us, Ordering::Relaxed);
+                        counters.latency_us_max.fetch_max(us, Ordering::Relaxed);
+                    } else {
+                        counters.skipped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.store().mutate_rows(&[notify_delete(p)]).await?;
+                    self.succeeded(&key).await?;
+                    return Ok(if ran { RunOutcome::Ran } else { RunOutcome::Skipped });
+                }
+                Err(ObserverError::Txn(e)) if e.is_retryable() => {
+                    counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                    if attempt >= self.config.conflict_retries {
+                        return Ok(RunOutcome::Conflict);
+                    }
+                    let pause = self.client.backoff_ms(attempt);
+                    attempt += 1;
+                    self.client.clock().sleep_ms(pause).await;
+                }
+                Err(e) => {
+                    counters.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(observer = %reg.name, row = %p.row.escape_ascii(), error = %e, "observer run failed");
+                    return self.failed(reg, p, e.to_string(), counters).await;
+                }
+            }
+        }
+    }
+
+    /// One attempt: returns whether the observer ran (and committed).
+    async fn run_once(
+        &self,
+        reg: &Registration,
+        p: &Pending,
+        counters: &Counters,
+    ) -> Result<bool, ObserverError> {
+        let mut txn = self.client.begin().await?;
+        let ack_column = reg.ack_column();
+        let ack = match txn.get(&p.row, &ack_column).await? {
+            Some(raw) => Ts(u64::from_be_bytes(raw.as_ref().try_into().map_err(|_| {
+                TxnError::Corrupt(format!("ack of {} on {}", reg.name, p.row.escape_ascii()))
+            })?)),
+            None => Ts::ZERO,
+        };
+        let changed = match reg.kind {
+            NotifyKind::Strong => {
+                txn.last_commit_ts(&p.row, &p.column).await?.is_some_and(|c| c > ack)
+            }
+            NotifyKind::Weak => p.ts > ack,
+        };
+        if !changed {
+            return Ok(false);
+        }
+        txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
+        counters.runs.fetch_add(1, Ordering::Relaxed);
+        reg.observer.observe(&mut txn, &p.row, &p.column).await?;
+        txn.commit().await?;
+        Ok(true)
+    }
+
+    fn failures_lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Bytes, Bytes), Failure>> {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn succeeded(&self, key: &(Bytes, Bytes)) -> Result<(), TxnError> {
+        self.failures_lock().remove(key);
+        let was_parked = self.parked.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        if was_parked {
+            let m = Mutation::Delete {
+                column: Column::new(FAILED.name, key.1.clone()),
+                range: TsRange::ALL,
+            };
+            self.store()
+                .mutate_rows(&[RowMutation { row: key.0.clone(), mutations: vec![m] }])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Records a failure: back off, or after `failures_max` park the notification.
+    async fn failed(
+        &self,
+        reg: &Registration,
+        p: &Pending,
+        error: String,
+        counters: &Counters,
+    ) -> Result<RunOutcome, TxnError> {
+        let key = (p.row.clone(), p.column.clone());
+        let count = {
+            let now = self.client.clock().now_ms();
+            let mut failures = self.failures_lock();
+            let f = failures.entry(key.clone()).or_insert(Failure { count: 0, not_before_ms: 0 });
+            f.count += 1;
+            let backoff = self.config.failure_backoff_ms.saturating_mul(1 << f.count.min(16));
+            f.not_before_ms = now + backoff;
+            f.count
+        };
+        if count < self.config.failures_max {
+            return Ok(RunOutcome::Failed);
+        }
+        let detail = format!("{}: {error}", reg.name);
+        let record = Mutation::Put {
+            column: Column::new(FAILED.name, p.column.clone()),
+            ts: Ts::ZERO,
+            value: Bytes::from(detail),
+        };
+        // The failure record first: a crash in between leaves the notification pending
+        // (run again), never a notification gone with no record of why.
+        self.store()
+            .mutate_rows(&[RowMutation { row: p.row.clone(), mutations: vec![record] }])
+            .await?;
+        self.store().mutate_rows(&[notify_delete(p)]).await?;
+        self.failures_lock().remove(&key);
+        self.parked.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+        counters.parked.fetch_add(1, Ordering::Relaxed);
+        Ok(RunOutcome::Parked)
+    }
+
+    /// Parked notifications, in (row, column) order.
+    pub async fn failed_list(&self) -> Result<Vec<FailedEntry>, TxnError> {
+        let scan =
+            Scan { family: FAILED.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        Ok(self
+            .store()
+            .scan(&scan)
+            .await?
+            .into_iter()
+            .map(|c| FailedEntry {
+                row: c.row,
+                column: c.qualifier,
+                detail: String::from_utf8_lossy(&c.value).into(),
+            })
+            .collect())
+    }
+
+    /// Learns the parked notifications already in the store, so that a later success clears
+    /// their record (a worker calls this when it starts).
+    pub async fn load_parked(&self) -> Result<(), TxnError> {
+        let list = self.failed_list().await?;
+        let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+        parked.extend(list.into_iter().map(|f| (f.row, f.column)));
+        Ok(())
+    }
+
+    /// Runs one notification with the in-flight bookkeeping that quiescence relies on.
+    pub(crate) async fn process_tracked(&self, p: &Pending) -> Result<RunOutcome, TxnError> {
+        let out = self.process(p).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.progress.notify_waiters();
+        out
+    }
+
+    pub(crate) fn begin_tracked(&self) {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// One pass over every pending notification, in row order, one at a time: the
+    /// deterministic way to drive the framework (tests, and single-threaded tools).
+    pub async fn step(&self) -> Result<StepReport, TxnError> {
+        let mut report = StepReport::default();
+        let mut start = Bytes::new();
+        loop {
+            let (batch, next) = self.scan(&start, self.config.scan_batch).await?;
+            for p in &batch {
+                self.begin_tracked();
+                report.add(self.process_tracked(p).await?);
+            }
+            match next {
+                Some(n) => start = n,
+                None => return Ok(report),
+            }
+        }
+    }
+
+    /// Steps until a step settles nothing; returns the total. Notifications left are ones
+    /// waiting out a failure backoff or a lease.
+    pub async fn run_until_quiet(&self) -> Result<StepReport, TxnError> {
+        let mut total = StepReport::default();
+        loop {
+            let r = self.step().await?;
+            total.ran += r.ran;
+            total.skipped += r.skipped;
+            total.conflicts += r.conflicts;
+            total.failed += r.failed;
+            total.parked += r.parked;
+            total.busy += r.busy;
+            total.no_observer += r.no_observer;
+            if r.settled() == 0 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Every observer's counters, by name.
+    pub fn stats(&self) -> Vec<ObserverStats> {
+        self.counters
+            .iter()
+            .map(|(name, c)| {
+                let commits = c.commits.load(Ordering::Relaxed);
+                ObserverStats {
+                    name: name.clone(),
+                    runs: c.runs.load(Ordering::Relaxed),
+                    commits,
+                    skipped: c.skipped.load(Ordering::Relaxed),
+                    conflicts: c.conflicts.load(Ordering::Relaxed),
+                    failures: c.failures.load(Ordering::Relaxed),
+                    parked: c.parked.load(Ordering::Relaxed),
+                    latency_us_mean: c.latency_us_total.load(Ordering::Relaxed) / commits.max(1),
+                    latency_us_max: c.latency_us_max.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,102 @@
+//! The observer framework: the second half of the paper (its §2.4), knowing nothing about web
+//! pages.
+//!
+//! An [`Observer`] watches one column. A transaction that writes a strongly watched column
+//! sets that column's notify cell, at its commit_ts, before its commit point (the transaction
+//! layer does this for the columns a [`Registry`] names). Workers scan the notify family and,
+//! for each notification, run the observer in a fresh transaction that also writes the
+//! observer's ack column; the ack makes message collapsing and "at most one commit per
+//! notification" fall out of ordinary write-write conflicts ([`engine`]). Weak notifications
+//! mark a row without a write, for hot rows. Scanners, bounded workers, quiescence and
+//! garbage collection are in [`workers`] and [`gc`].
+//!
+//! ```text
+//!   row "a"   data/lock/write  "page:body"            the watched column (transactional)
+//!             data/lock/write  "perc.ack:parse"       start_ts of the observer's last run
+//!             notify           "page:body" @ts        one cell per commit, own locality group
+//!   failed    "page:body"                             parked after failures_max failures
+//! ```
+
+pub mod engine;
+pub mod gc;
+pub mod lease;
+pub mod observer;
+pub mod workers;
+
+use std::sync::Arc;
+
+use perc_oracle::Oracle;
+use perc_store::{FamilySpec, Schema, Store};
+use perc_txn::{Client, Clock, TxnConfig, TxnError};
+
+pub use engine::{Engine, FailedEntry, ObserverStats, Pending, RunOutcome, StepReport, FAILED};
+pub use gc::GcReport;
+pub use lease::{LeaseGuard, LocalLease, RowLease};
+pub use observer::{
+    ack_column, NotifyKind, Observer, ObserverError, Registration, Registry, RegistryError,
+};
+pub use workers::Workers;
+
+/// The families this layer adds to the schema.
+pub const FAMILIES: [FamilySpec; 1] = [FAILED];
+
+/// Every family the layers up to this one need: transactions, oracle, notifications.
+pub fn schema() -> Schema {
+    let mut schema = Schema::new(perc_txn::FAMILIES);
+    schema.add(perc_oracle::FAMILY);
+    for f in FAMILIES {
+        schema.add(f);
+    }
+    schema
+}
+
+/// Tuning; durations in milliseconds.
+#[derive(Clone, Debug)]
+pub struct NotifyConfig {
+    /// Scanner tasks walking the notify family.
+    pub scanners: usize,
+    /// Observer runs in flight at once.
+    pub concurrency: usize,
+    /// Notify cells read per scan call.
+    pub scan_batch: usize,
+    /// Retries of a run that conflicts, with jittered backoff, before leaving it for a later
+    /// scan.
+    pub conflict_retries: u32,
+    /// Failures of one notification before it is parked in the failed list.
+    pub failures_max: u32,
+    /// Backoff after a failure, doubled with each further failure.
+    pub failure_backoff_ms: u64,
+    /// How long an idle scanner waits before looking again (or until woken).
+    pub idle_ms: u64,
+    /// Garbage collection interval; 0 turns the background collector off.
+    pub gc_interval_ms: u64,
+    /// Seed of the scanners' random starts.
+    pub seed: u64,
+}
+
+impl Default for NotifyConfig {
+    fn default() -> Self {
+        NotifyConfig {
+            scanners: 2,
+            concurrency: 16,
+            scan_batch: 512,
+            conflict_retries: 8,
+            failures_max: 5,
+            failure_backoff_ms: 100,
+            idle_ms: 20,
+            gc_interval_ms: 60_000,
+            seed: 0x0b5e,
+        }
+    }
+}
+
+/// A transaction client whose commits notify `registry`'s strongly observed columns.
+pub async fn client_for(
+    store: Arc<dyn Store>,
+    oracle: Arc<dyn Oracle>,
+    clock: Arc<dyn Clock>,
+    config: TxnConfig,
+    registry: Arc<Registry>,
+) -> Result<Client, TxnError> {
+    Client::with_watch(store, oracle, clock, config, registry).await
+}

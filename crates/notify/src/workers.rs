@@ -1,0 +1,227 @@
+//! Scanners and workers: the framework running on its own, on a runtime handed in.
+//!
+//! Each scanner walks the notify family from a random start, wrapping around, and hands every
+//! pending notification to a worker task; a semaphore bounds the runs in flight. Scanners
+//! publish where they are, and one that finds another scanner's position inside the batch it
+//! just read (right behind it, about to redo its work) jumps to a new random place: the
+//! paper's fix for scanners bunching up like buses. Random starts are drawn from rows where
+//! notifications were recently seen, since row keys (URLs) are not uniform bytes.
+//!
+//! Beside the scanners run a heartbeat (liveness and low watermark) and, if configured, the
+//! garbage collector. [`Workers::wait`] returns at quiescence: no notification pending and
+//! no run in flight, cascades included.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crate::engine::Engine;
+use crate::gc;
+use perc_txn::TxnError;
+
+const SAMPLE_ROWS: usize = 256;
+
+struct Shared {
+    engine: Arc<Engine>,
+    stop: AtomicBool,
+    wake: tokio::sync::Notify,
+    permits: Arc<Semaphore>,
+    /// Each scanner's current position.
+    positions: Mutex<Vec<Bytes>>,
+    /// Rows where notifications were seen lately: the pool of random starts.
+    sample: Mutex<Vec<Bytes>>,
+    handle: Handle,
+}
+
+pub struct Workers {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts the scanners, the heartbeat and (if `gc_interval_ms > 0`) the collector on
+    /// `handle`.
+    pub fn start(engine: Arc<Engine>, handle: &Handle) -> Workers {
+        let config = engine.config().clone();
+        let shared = Arc::new(Shared {
+            permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
+            positions: Mutex::new(vec![Bytes::new(); config.scanners.max(1)]),
+            sample: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            handle: handle.clone(),
+            engine,
+        });
+        let mut tasks = Vec::new();
+        for i in 0..config.scanners.max(1) {
+            let shared = shared.clone();
+            tasks.push(handle.spawn(async move { scanner(shared, i).await }));
+        }
+        let s = shared.clone();
+        tasks.push(handle.spawn(async move { heartbeat(s).await }));
+        if config.gc_interval_ms > 0 {
+            let s = shared.clone();
+            tasks.push(handle.spawn(async move { collector(s).await }));
+        }
+        Workers { shared, tasks }
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.shared.engine
+    }
+
+    /// Wakes idle scanners (after writing notifications from outside the framework).
+    pub fn kick(&self) {
+        self.shared.wake.notify_waiters();
+    }
+
+    /// Returns once no notification is pending and no run is in flight. Notifications that
+    /// keep failing count as pending until they are parked.
+    pub async fn wait(&self) -> Result<(), TxnError> {
+        let engine = &self.shared.engine;
+        loop {
+            let progress = engine.progress.notified();
+            let started = engine.started.load(Ordering::SeqCst);
+            if engine.in_flight.load(Ordering::SeqCst) == 0
+                && !engine.has_pending().await?
+                && engine.in_flight.load(Ordering::SeqCst) == 0
+                && engine.started.load(Ordering::SeqCst) == started
+            {
+                return Ok(());
+            }
+            self.kick();
+            let idle = engine.config().idle_ms;
+            tokio::select! {
+                _ = progress => {}
+                _ = engine.client().clock().sleep_ms(idle) => {}
+            }
+        }
+    }
+
+    /// Stops every task and waits for runs in flight to finish.
+    pub async fn shutdown(self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_waiters();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        // Runs in flight hold permits: taking them all means they are done.
+        let n = self.shared.engine.config().concurrency.max(1) as u32;
+        let _ = self.shared.permits.acquire_many(n).await;
+    }
+}
+
+fn random_start(shared: &Shared, rng: &mut SmallRng) -> Bytes {
+    let sample = shared.sample.lock().unwrap_or_else(|e| e.into_inner());
+    if sample.is_empty() || rng.random_bool(0.1) {
+        Bytes::new()
+    } else {
+        sample[rng.random_range(0..sample.len())].clone()
+    }
+}
+
+async fn scanner(shared: Arc<Shared>, me: usize) {
+    let engine = shared.engine.clone();
+    let config = engine.config().clone();
+    let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_add(me as u64));
+    let mut pos = random_start(&shared, &mut rng);
+    let mut found_since_wrap = false;
+    while !shared.stop.load(Ordering::SeqCst) {
+        shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
+        let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "notification scan failed");
+                engine.client().clock().sleep_ms(config.idle_ms).await;
+                continue;
+            }
+        };
+        if let (Some(first), Some(last)) = (batch.first(), batch.last()) {
+            let others_inside = {
+                let positions = shared.positions.lock().unwrap_or_else(|e| e.into_inner());
+                positions
+                    .iter()
+                    .enumerate()
+                    .any(|(i, p)| i != me && !p.is_empty() && *p > first.row && *p <= last.row)
+            };
+            if others_inside {
+                pos = random_start(&shared, &mut rng);
+                continue;
+            }
+            {
+                let mut sample = shared.sample.lock().unwrap_or_else(|e| e.into_inner());
+                for p in batch.iter().take(4) {
+                    if sample.len() < SAMPLE_ROWS {
+                        sample.push(p.row.clone());
+                    } else {
+                        let i = rng.random_range(0..SAMPLE_ROWS);
+                        sample[i] = p.row.clone();
+                    }
+                }
+            }
+            found_since_wrap = true;
+        }
+        for p in batch {
+            let Ok(permit) = shared.permits.clone().acquire_owned().await else { return };
+            engine.begin_tracked();
+            let engine = engine.clone();
+            shared.handle.spawn(async move {
+                if let Err(e) = engine.process_tracked(&p).await {
+                    tracing::warn!(error = %e, row = %p.row.escape_ascii(), "notification processing failed");
+                }
+                drop(permit);
+            });
+        }
+        match next {
+            Some(n) => pos = n,
+            None => {
+                // Wrapped around. After a whole round with nothing found, idle until woken.
+                pos = Bytes::new();
+                if !found_since_wrap {
+                    let woken = shared.wake.notified();
+                    tokio::select! {
+                        _ = woken => {}
+                        _ = engine.progress.notified() => {}
+                        _ = engine.client().clock().sleep_ms(config.idle_ms) => {}
+                    }
+                }
+                found_since_wrap = false;
+            }
+        }
+    }
+}
+
+async fn heartbeat(shared: Arc<Shared>) {
+    let client = shared.engine.client().clone();
+    let every = (client.config().liveness_ttl_ms / 3).max(1);
+    while !shared.stop.load(Ordering::SeqCst) {
+        if let Err(e) = client.heartbeat().await {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+        tokio::select! {
+            _ = shared.wake.notified() => {}
+            _ = client.clock().sleep_ms(every) => {}
+        }
+    }
+}
+
+async fn collector(shared: Arc<Shared>) {
+    let engine = shared.engine.clone();
+    let every = engine.config().gc_interval_ms;
+    while !shared.stop.load(Ordering::SeqCst) {
+        tokio::select! {
+            _ = shared.wake.notified() => continue,
+            _ = engine.client().clock().sleep_ms(every) => {}
+        }
+        match gc::collect(engine.client(), engine.config().scan_batch).await {
+            Ok(r) => tracing::debug!(?r, "garbage collection pass"),
+            Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
+        }
+    }
+}
