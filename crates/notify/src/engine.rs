@@ -30,7 +30,7 @@ use bytes::Bytes;
 use perc_store::{
     Column, FamilySpec, Locality, Mutation, RowMutation, Scan, ScanCell, Store, Ts, TsRange,
 };
-use perc_txn::{actions, Client, TxnError};
+use perc_txn::{actions, Client, CommitStep, TxnError};
 
 use crate::lease::{LocalLease, RowLease};
 use crate::observer::{NotifyKind, ObserverError, Registration, Registry};
@@ -283,7 +283,7 @@ impl Engine {
         let mut attempt = 0;
         loop {
             let started = Instant::now();
-            match self.run_once(reg, p, counters).await {
+            match self.run_once(reg, p, counters, None).await {
                 Ok(ran) => {
                     if ran {
                         let us = started.elapsed().as_micros() as u64;
@@ -315,12 +315,29 @@ impl Engine {
         }
     }
 
-    /// One attempt: returns whether the observer ran (and committed).
+    /// Fault injection: one run of `p`'s observer whose commit stops at `step`, as a crash of
+    /// the worker there would leave it; the notification is not cleared. Returns whether the
+    /// observer ran. For tests; workers call [`Self::process`].
+    pub async fn process_crashing_at(
+        &self,
+        p: &Pending,
+        step: CommitStep,
+    ) -> Result<bool, ObserverError> {
+        let reg = self
+            .registry
+            .get(&p.column)
+            .ok_or_else(|| ObserverError::Failed("no observer watches this column".into()))?;
+        self.run_once(reg, p, &self.counters[&reg.name], Some(step)).await
+    }
+
+    /// One attempt: returns whether the observer ran (and committed, unless `crash` stopped
+    /// the commit).
     async fn run_once(
         &self,
         reg: &Registration,
         p: &Pending,
         counters: &Counters,
+        crash: Option<CommitStep>,
     ) -> Result<bool, ObserverError> {
         let mut txn = self.client.begin().await?;
         let ack_column = reg.ack_column();
@@ -342,7 +359,14 @@ impl Engine {
         txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
         counters.runs.fetch_add(1, Ordering::Relaxed);
         reg.observer.observe(&mut txn, &p.row, &p.column).await?;
-        txn.commit().await?;
+        match crash {
+            None => {
+                txn.commit().await?;
+            }
+            Some(step) => {
+                txn.commit_crashing_at(step).await?;
+            }
+        }
         Ok(true)
     }
 

@@ -33,8 +33,9 @@ pub struct GcReport {
 
 /// The smallest low watermark of the live workers (at most the oracle's next timestamp).
 pub async fn safe_point(client: &Client) -> Result<Ts, TxnError> {
+    // Our own entry first, so that it is fresh like the others'.
+    client.heartbeat().await?;
     let mut point = client.oracle().next().await?;
-    point = point.min(client.low_watermark());
     for (entry, alive) in client.liveness().workers().await? {
         if alive {
             point = point.min(entry.low_watermark);
@@ -56,8 +57,25 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
             end: Bytes::new(),
             limit: batch,
         };
-        let cells = store.scan(&scan).await?;
-        let full = cells.len() >= batch;
+        let mut cells = store.scan(&scan).await?;
+        let next = if cells.len() >= batch {
+            // The batch may have cut the last row short: read that row whole, go on after it.
+            let last = cells.last().expect("a full batch").row.clone();
+            cells.retain(|c| c.row != last);
+            let mut after = last.to_vec();
+            after.push(0);
+            let after = Bytes::from(after);
+            let whole = Scan {
+                family: actions::WRITE.name,
+                start: last,
+                end: after.clone(),
+                limit: usize::MAX,
+            };
+            cells.extend(store.scan(&whole).await?);
+            Some(after)
+        } else {
+            None
+        };
         let mut groups: Vec<Vec<ScanCell>> = Vec::new();
         for c in cells {
             match groups.last_mut() {
@@ -65,21 +83,6 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
                 _ => groups.push(vec![c]),
             }
         }
-        let next = if full {
-            // The last cell group may continue past the limit: leave it for the next batch,
-            // unless it is all there is (then continue after its row).
-            let last = groups.pop().expect("a full batch");
-            if groups.is_empty() {
-                groups.push(last.clone());
-                let mut n = last[0].row.to_vec();
-                n.push(0);
-                Some(Bytes::from(n))
-            } else {
-                Some(last[0].row.clone())
-            }
-        } else {
-            None
-        };
         for cell in &groups {
             report.cells_seen += 1;
             if let Some(removed) = clean_cell(client, cell, g).await? {
@@ -88,9 +91,8 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
             }
         }
         match next {
-            // Restarting at a row already seen re-examines its cells; they are clean by now.
-            Some(n) if n != start => start = n,
-            _ => break,
+            Some(n) => start = n,
+            None => break,
         }
     }
     report.workers_removed = remove_dead_workers(client).await?;

@@ -183,6 +183,10 @@ impl Client {
     /// (every third of `liveness_ttl_ms`); commits also refresh it when it is getting old.
     pub async fn heartbeat(&self) -> Result<(), TxnError> {
         let now = self.inner.clock.now_ms();
+        // A fresh timestamp first: a begin that could still get a smaller one has already
+        // put its placeholder in `active`, so the minimum below accounts for it.
+        let fresh = self.inner.oracle.next().await?;
+        self.inner.last_seen_ts.fetch_max(fresh.0, Ordering::SeqCst);
         self.inner.liveness.heartbeat(self.inner.worker, self.low_watermark()).await?;
         self.inner.last_heartbeat_ms.store(now, Ordering::Relaxed);
         Ok(())
@@ -216,6 +220,9 @@ impl Client {
     }
 
     pub async fn begin(&self) -> Result<Transaction, TxnError> {
+        // An idle worker may have been declared dead: come back to life before taking a
+        // snapshot, so that garbage collection either sees our watermark or ran before it.
+        self.heartbeat_if_old().await?;
         // Hold the watermark at the last timestamp seen until the new one is known, so that
         // a heartbeat published meanwhile never claims more than is true.
         let placeholder = Ts(self.inner.last_seen_ts.load(Ordering::SeqCst));

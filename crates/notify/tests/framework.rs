@@ -1,0 +1,682 @@
+//! The observer framework, driven step by step (deterministic) where possible, and with real
+//! concurrency where the point is concurrency.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_notify::{
+    client_for, gc, Engine, NotifyConfig, NotifyKind, Observer, ObserverError, Pending, Registry,
+    RunOutcome, Workers,
+};
+use perc_oracle::{LocalOracle, Oracle};
+use perc_store::{MemStore, Scan, SledOptions, SledStore, Store, Ts};
+use perc_txn::{Client, Clock, CommitStep, ManualClock, SystemClock, Transaction, TxnConfig};
+
+struct Env {
+    store: Arc<dyn Store>,
+    oracle: Arc<dyn Oracle>,
+    clock: Arc<dyn Clock>,
+    manual: Option<Arc<ManualClock>>,
+    registry: Arc<Registry>,
+    /// The test's own worker, for setup writes and checking reads.
+    me: Option<Client>,
+}
+
+impl Env {
+    async fn new(store: Arc<dyn Store>, registry: Registry, manual: bool) -> Env {
+        let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(store.clone(), 64).await.unwrap());
+        let (clock, manual): (Arc<dyn Clock>, _) = if manual {
+            let m = Arc::new(ManualClock::new(1_000_000));
+            (m.clone(), Some(m))
+        } else {
+            (Arc::new(SystemClock), None)
+        };
+        let mut env = Env { store, oracle, clock, manual, registry: Arc::new(registry), me: None };
+        env.me = Some(env.client().await);
+        env
+    }
+
+    async fn mem(registry: Registry) -> Env {
+        Env::new(Arc::new(MemStore::new(perc_notify::schema())), registry, true).await
+    }
+
+    async fn client(&self) -> Client {
+        client_for(
+            self.store.clone(),
+            self.oracle.clone(),
+            self.clock.clone(),
+            TxnConfig::default(),
+            self.registry.clone(),
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn engine(&self, config: NotifyConfig) -> Engine {
+        Engine::new(self.client().await, self.registry.clone(), config)
+    }
+
+    fn me(&self) -> &Client {
+        self.me.as_ref().expect("set up in new")
+    }
+
+    async fn write(&self, row: &str, column: &str, value: &str) -> Ts {
+        let mut t = self.me().begin().await.unwrap();
+        t.set(row.to_string(), column.to_string(), value.to_string());
+        t.commit().await.unwrap().unwrap()
+    }
+
+    async fn read(&self, row: &str, column: &str) -> Option<String> {
+        let t = self.me().begin().await.unwrap();
+        t.get(row.as_bytes(), column.as_bytes())
+            .await
+            .unwrap()
+            .map(|v| String::from_utf8(v.to_vec()).unwrap())
+    }
+
+    async fn notify_cells(&self) -> usize {
+        let scan =
+            Scan { family: "notify", start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        self.store.scan(&scan).await.unwrap().len()
+    }
+}
+
+fn text(v: Option<Bytes>) -> String {
+    v.map(|v| String::from_utf8(v.to_vec()).unwrap()).unwrap_or_default()
+}
+
+/// Appends its tag to the watched column's value and writes it to the next column.
+struct Stage {
+    tag: &'static str,
+    to: &'static str,
+    runs: AtomicU64,
+}
+
+#[async_trait]
+impl Observer for Stage {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let v = text(txn.get(row, column).await?);
+        txn.set(row.clone(), self.to, format!("{v}|{}", self.tag));
+        Ok(())
+    }
+}
+
+fn stage(tag: &'static str, to: &'static str) -> Arc<Stage> {
+    Arc::new(Stage { tag, to, runs: AtomicU64::new(0) })
+}
+
+/// Counts its runs, records the value it saw, and increments an "effect" counter column in
+/// its own transaction, so a double commit would show.
+struct Effect {
+    runs: AtomicU64,
+}
+
+#[async_trait]
+impl Observer for Effect {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let seen = text(txn.get(row, column).await?);
+        let n: u64 = text(txn.get(row, b"effect").await?).parse().unwrap_or(0);
+        txn.set(row.clone(), "seen", seen);
+        txn.set(row.clone(), "effect", (n + 1).to_string());
+        Ok(())
+    }
+}
+
+fn effect() -> Arc<Effect> {
+    Arc::new(Effect { runs: AtomicU64::new(0) })
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+#[test]
+fn chain_of_three_observers_reaches_final_state() {
+    rt().block_on(async {
+        let (a, b, c) = (stage("A", "b"), stage("B", "c"), stage("C", "d"));
+        let mut reg = Registry::new();
+        reg.register("A", "a", NotifyKind::Strong, a.clone()).unwrap();
+        reg.register("B", "b", NotifyKind::Strong, b.clone()).unwrap();
+        reg.register("C", "c", NotifyKind::Strong, c.clone()).unwrap();
+        let env = Env::mem(reg).await;
+        for i in 0..5 {
+            env.write(&format!("row{i}"), "a", &format!("x{i}")).await;
+        }
+        let engine = env.engine(NotifyConfig::default()).await;
+        // One step runs A on every row; its writes fire B, and so on: three steps, then quiet.
+        for expect in [5, 5, 5, 0] {
+            assert_eq!(engine.step().await.unwrap().ran, expect);
+        }
+        for i in 0..5 {
+            assert_eq!(env.read(&format!("row{i}"), "d").await.unwrap(), format!("x{i}|A|B|C"));
+        }
+        assert_eq!(
+            [
+                a.runs.load(Ordering::SeqCst),
+                b.runs.load(Ordering::SeqCst),
+                c.runs.load(Ordering::SeqCst)
+            ],
+            [5, 5, 5]
+        );
+        assert_eq!(env.notify_cells().await, 0);
+        let stats = engine.stats();
+        assert_eq!(stats.iter().map(|s| s.commits).sum::<u64>(), 15);
+        // A change at the head runs the chain again, on that row only.
+        env.write("row2", "a", "y").await;
+        let total = engine.run_until_quiet().await.unwrap();
+        assert_eq!(total.ran, 3);
+        assert_eq!(env.read("row2", "d").await.unwrap(), "y|A|B|C");
+    });
+}
+
+#[test]
+fn writes_collapse_and_a_late_write_runs_again() {
+    rt().block_on(async {
+        let obs = effect();
+        let mut reg = Registry::new();
+        reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+        let env = Env::mem(reg).await;
+        const K: usize = 10;
+        for i in 0..K {
+            env.write("r", "v", &format!("v{i}")).await;
+        }
+        assert_eq!(env.notify_cells().await, K);
+        let engine = env.engine(NotifyConfig::default()).await;
+        let report = engine.step().await.unwrap();
+        assert_eq!(report.ran, 1, "K writes collapse into one run");
+        assert_eq!(
+            env.read("r", "seen").await.unwrap(),
+            format!("v{}", K - 1),
+            "the run saw the last value"
+        );
+        assert_eq!(env.notify_cells().await, 0);
+
+        // A write that commits after the run's start_ts: the run does not see it, and it
+        // triggers one more run.
+        struct LateWriter {
+            env_client: Client,
+            done: AtomicU64,
+        }
+        #[async_trait]
+        impl Observer for LateWriter {
+            async fn observe(
+                &self,
+                txn: &mut Transaction,
+                row: &Bytes,
+                column: &Bytes,
+            ) -> Result<(), ObserverError> {
+                let seen = text(txn.get(row, column).await?);
+                txn.set(row.clone(), "seen", seen);
+                if self.done.fetch_add(1, Ordering::SeqCst) == 0 {
+                    let mut late = self.env_client.begin().await?;
+                    late.set(row.clone(), column.clone(), "late");
+                    late.commit().await?;
+                }
+                Ok(())
+            }
+        }
+        let mut reg = Registry::new();
+        let env2 = Env::mem(Registry::new()).await;
+        let writer_client = client_for(
+            env2.store.clone(),
+            env2.oracle.clone(),
+            env2.clock.clone(),
+            TxnConfig::default(),
+            {
+                let mut r = Registry::new();
+                r.register("L", "v", NotifyKind::Strong, effect()).unwrap();
+                Arc::new(r)
+            },
+        )
+        .await
+        .unwrap();
+        let late = Arc::new(LateWriter { env_client: writer_client, done: AtomicU64::new(0) });
+        reg.register("L", "v", NotifyKind::Strong, late.clone()).unwrap();
+        let env2 = Env { registry: Arc::new(reg), me: None, ..env2 };
+        let env2 = Env { me: Some(env2.client().await), ..env2 };
+        env2.write("r", "v", "first").await;
+        let engine = env2.engine(NotifyConfig::default()).await;
+        assert_eq!(engine.step().await.unwrap().ran, 1);
+        assert_eq!(env2.read("r", "seen").await.unwrap(), "first");
+        assert_eq!(
+            env2.notify_cells().await,
+            1,
+            "the late write's notification survived the clear"
+        );
+        assert_eq!(engine.step().await.unwrap().ran, 1, "one more run");
+        assert_eq!(env2.read("r", "seen").await.unwrap(), "late");
+        assert_eq!(engine.step().await.unwrap().ran, 0);
+        assert_eq!(late.done.load(Ordering::SeqCst), 2);
+    });
+}
+
+/// Two engines (separate clients, separate leases: nothing coordinates them but the store)
+/// race over the same notifications; every notification's effect commits exactly once.
+#[test]
+fn racing_workers_commit_each_effect_exactly_once() {
+    rt().block_on(async {
+        let obs = effect();
+        let mut reg = Registry::new();
+        reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default()).unwrap(),
+        );
+        let env = Env::new(store, reg, false).await;
+        const ROWS: usize = 60;
+        for i in 0..ROWS {
+            env.write(&format!("row{i:03}"), "v", "x").await;
+        }
+        let config = NotifyConfig { conflict_retries: 50, ..NotifyConfig::default() };
+        let e1 = Arc::new(env.engine(config.clone()).await);
+        let e2 = Arc::new(env.engine(config).await);
+        let (r1, r2) = tokio::join!(
+            tokio::spawn({
+                let e = e1.clone();
+                async move { e.run_until_quiet().await.unwrap() }
+            }),
+            tokio::spawn({
+                let e = e2.clone();
+                async move { e.run_until_quiet().await.unwrap() }
+            })
+        );
+        let (r1, r2) = (r1.unwrap(), r2.unwrap());
+        assert_eq!(r1.ran + r2.ran, ROWS, "{r1:?} {r2:?}");
+        for i in 0..ROWS {
+            assert_eq!(env.read(&format!("row{i:03}"), "effect").await.unwrap(), "1", "row {i}");
+        }
+        assert_eq!(env.notify_cells().await, 0);
+    });
+}
+
+#[test]
+fn a_crashed_observer_run_reruns_before_the_commit_point_only() {
+    rt().block_on(async {
+        for step in CommitStep::ALL {
+            let obs = effect();
+            let mut reg = Registry::new();
+            reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+            let env = Env::mem(reg).await;
+            let ts = env.write("r", "v", "x").await;
+            let crashing = env.engine(NotifyConfig::default()).await;
+            let p = Pending { row: Bytes::from_static(b"r"), column: Bytes::from_static(b"v"), ts };
+            assert!(crashing.process_crashing_at(&p, step).await.unwrap());
+            crashing.client().deregister().await.unwrap();
+            assert_eq!(
+                env.notify_cells().await,
+                1,
+                "{step:?}: a crashed run leaves its notification"
+            );
+
+            let engine = env.engine(NotifyConfig::default()).await;
+            let report = engine.run_until_quiet().await.unwrap();
+            let before = matches!(
+                step,
+                CommitStep::AfterPrewritePrimary
+                    | CommitStep::AfterPrewriteAll
+                    | CommitStep::BeforeCommitPrimary
+            );
+            assert_eq!(report.ran, usize::from(before), "{step:?}: {report:?}");
+            assert_eq!(report.skipped, usize::from(!before), "{step:?}: {report:?}");
+            assert_eq!(env.read("r", "effect").await.unwrap(), "1", "{step:?}: exactly one effect");
+            assert_eq!(env.notify_cells().await, 0);
+        }
+    });
+}
+
+#[test]
+fn a_rolled_back_writer_never_runs_an_observer() {
+    rt().block_on(async {
+        let obs = effect();
+        let mut reg = Registry::new();
+        reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+        let env = Env::mem(reg).await;
+        let writer = env.client().await;
+        let mut t = writer.begin().await.unwrap();
+        t.set("r", "v", "uncommitted");
+        // Notify cell set, primary never committed; the writer dies.
+        t.commit_crashing_at(CommitStep::BeforeCommitPrimary).await.unwrap();
+        writer.deregister().await.unwrap();
+        assert_eq!(env.notify_cells().await, 1);
+        let engine = env.engine(NotifyConfig::default()).await;
+        let report = engine.run_until_quiet().await.unwrap();
+        assert_eq!(report.ran, 0);
+        assert_eq!(report.skipped, 1);
+        assert_eq!(obs.runs.load(Ordering::SeqCst), 0, "the observer never saw uncommitted data");
+        assert_eq!(env.read("r", "v").await, None);
+        assert_eq!(env.notify_cells().await, 0);
+    });
+}
+
+/// Sums shard rows into a total: the hot row is only ever notified weakly.
+struct Summer {
+    shards: usize,
+}
+
+#[async_trait]
+impl Observer for Summer {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        _column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        let keys: Vec<(Bytes, Bytes)> = (0..self.shards)
+            .map(|i| (Bytes::from(format!("shard{i}")), Bytes::from_static(b"n")))
+            .collect();
+        let total: u64 = txn
+            .get_many(&keys)
+            .await?
+            .into_iter()
+            .map(|v| text(v).parse::<u64>().unwrap_or(0))
+            .sum();
+        txn.set(row.clone(), "total", total.to_string());
+        Ok(())
+    }
+}
+
+#[test]
+fn weak_notifications_on_a_hot_row_cause_no_conflicts() {
+    rt().block_on(async {
+        const WRITERS: usize = 8;
+        const EACH: u64 = 25;
+        let mut reg = Registry::new();
+        reg.register("sum", "dirty", NotifyKind::Weak, Arc::new(Summer { shards: WRITERS }))
+            .unwrap();
+        let env = Arc::new(Env::mem(reg).await);
+        let conflicts = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for w in 0..WRITERS {
+            let (env, conflicts) = (env.clone(), conflicts.clone());
+            tasks.push(tokio::spawn(async move {
+                let client = env.client().await;
+                for k in 1..=EACH {
+                    let mut t = client.begin().await.unwrap();
+                    t.set(format!("shard{w}"), "n", k.to_string());
+                    t.notify("counter", "dirty");
+                    if t.commit().await.is_err() {
+                        conflicts.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            conflicts.load(Ordering::SeqCst),
+            0,
+            "notifying the hot row conflicts with nothing"
+        );
+        let engine = env.engine(NotifyConfig::default()).await;
+        let report = engine.run_until_quiet().await.unwrap();
+        assert_eq!(report.ran, 1, "every weak notification collapsed into one run");
+        assert_eq!(
+            env.read("counter", "total").await.unwrap(),
+            (WRITERS as u64 * EACH).to_string()
+        );
+    });
+}
+
+#[test]
+fn failing_observer_is_parked_then_recovers() {
+    rt().block_on(async {
+        struct Flaky {
+            fail: std::sync::atomic::AtomicBool,
+        }
+        #[async_trait]
+        impl Observer for Flaky {
+            async fn observe(
+                &self,
+                txn: &mut Transaction,
+                row: &Bytes,
+                _c: &Bytes,
+            ) -> Result<(), ObserverError> {
+                if self.fail.load(Ordering::SeqCst) {
+                    return Err(ObserverError::Failed("bad input: no title".into()));
+                }
+                txn.set(row.clone(), "ok", "yes");
+                Ok(())
+            }
+        }
+        let flaky = Arc::new(Flaky { fail: true.into() });
+        let mut reg = Registry::new();
+        reg.register("flaky", "v", NotifyKind::Strong, flaky.clone()).unwrap();
+        let env = Env::mem(reg).await;
+        env.write("r", "v", "x").await;
+        let config =
+            NotifyConfig { failures_max: 3, failure_backoff_ms: 100, ..NotifyConfig::default() };
+        let engine = env.engine(config).await;
+        let manual = env.manual.clone().unwrap();
+        let mut outcomes = Vec::new();
+        for _ in 0..6 {
+            let r = engine.step().await.unwrap();
+            outcomes.push((r.failed, r.busy, r.parked));
+            manual.advance_ms(10_000);
+        }
+        assert_eq!(outcomes[..3], [(1, 0, 0), (1, 0, 0), (0, 0, 1)], "{outcomes:?}");
+        assert_eq!(env.notify_cells().await, 0, "a parked notification left the notify family");
+        let failed = engine.failed_list().await.unwrap();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].detail, "flaky: bad input: no title");
+        let stats = engine.stats();
+        assert_eq!((stats[0].failures, stats[0].parked), (3, 1));
+        // Fixed, and the row changes again: it runs, and its failed record goes.
+        flaky.fail.store(false, Ordering::SeqCst);
+        env.write("r", "v", "y").await;
+        assert_eq!(engine.run_until_quiet().await.unwrap().ran, 1);
+        assert!(engine.failed_list().await.unwrap().is_empty());
+        assert_eq!(env.read("r", "ok").await.unwrap(), "yes");
+    });
+}
+
+#[test]
+fn backoff_holds_a_failed_notification_until_due() {
+    rt().block_on(async {
+        struct Fails;
+        #[async_trait]
+        impl Observer for Fails {
+            async fn observe(
+                &self,
+                _: &mut Transaction,
+                _: &Bytes,
+                _: &Bytes,
+            ) -> Result<(), ObserverError> {
+                Err(ObserverError::Failed("always".into()))
+            }
+        }
+        let mut reg = Registry::new();
+        reg.register("fails", "v", NotifyKind::Strong, Arc::new(Fails)).unwrap();
+        let env = Env::mem(reg).await;
+        env.write("r", "v", "x").await;
+        let engine = env
+            .engine(NotifyConfig {
+                failures_max: 10,
+                failure_backoff_ms: 100,
+                ..NotifyConfig::default()
+            })
+            .await;
+        assert_eq!(engine.step().await.unwrap().failed, 1);
+        // Not due yet: the notification is left alone (and still pending).
+        assert_eq!(engine.step().await.unwrap().busy, 1);
+        assert!(engine.has_pending().await.unwrap());
+        env.manual.as_ref().unwrap().advance_ms(1_000);
+        assert_eq!(engine.step().await.unwrap().failed, 1);
+    });
+}
+
+#[test]
+fn registry_refuses_ambiguity() {
+    let mut reg = Registry::new();
+    reg.register("A", "a", NotifyKind::Strong, effect()).unwrap();
+    let e = reg.register("B", "a", NotifyKind::Strong, effect()).unwrap_err();
+    assert!(e.to_string().contains("already has observer \"A\""), "{e}");
+    let e = reg.register("A", "b", NotifyKind::Strong, effect()).unwrap_err();
+    assert!(e.to_string().contains("used twice"), "{e}");
+    let e = reg.register("C", "perc.ack:A", NotifyKind::Strong, effect()).unwrap_err();
+    assert!(e.to_string().contains("reserved"), "{e}");
+}
+
+#[test]
+fn notification_without_observer_is_cleared() {
+    rt().block_on(async {
+        let env = Env::mem(Registry::new()).await;
+        let client = env.client().await;
+        let mut t = client.begin().await.unwrap();
+        t.notify("r", "nobody");
+        t.commit().await.unwrap();
+        assert_eq!(env.notify_cells().await, 1);
+        let engine = env.engine(NotifyConfig::default()).await;
+        let p = engine.scan(&Bytes::new(), 10).await.unwrap().0.remove(0);
+        assert_eq!(engine.process(&p).await.unwrap(), RunOutcome::NoObserver);
+        assert_eq!(env.notify_cells().await, 0);
+    });
+}
+
+async fn write_records(store: &Arc<dyn Store>, row: &str) -> usize {
+    let scan = Scan {
+        family: "write",
+        start: Bytes::from(row.to_string()),
+        end: Bytes::from(format!("{row}\0")),
+        limit: usize::MAX,
+    };
+    store.scan(&scan).await.unwrap().len()
+}
+
+#[test]
+fn gc_keeps_what_live_transactions_read_and_pending_notifications() {
+    rt().block_on(async {
+        let mut reg = Registry::new();
+        reg.register("E", "watched", NotifyKind::Strong, effect()).unwrap();
+        let env = Env::mem(reg).await;
+        for i in 0..20 {
+            env.write("cell", "c", &format!("v{i}")).await;
+        }
+        // A long reader holds its snapshot at v19.
+        let reader_client = env.client().await;
+        let reader = reader_client.begin().await.unwrap();
+        for i in 20..40 {
+            env.write("cell", "c", &format!("v{i}")).await;
+        }
+        env.write("other", "watched", "pending").await; // a notification nobody processed
+                                                        // Every worker publishes where it is (the workers' heartbeat loop does this).
+        let gc_client = env.client().await;
+        env.me().heartbeat().await.unwrap();
+        reader_client.heartbeat().await.unwrap();
+        let report = gc::collect(&gc_client, 7).await.unwrap();
+        assert_eq!(report.safe_point, reader.start_ts(), "{report:?}");
+        assert_eq!(
+            text(reader.get(b"cell", b"c").await.unwrap()),
+            "v19",
+            "the live reader's version survived"
+        );
+        assert_eq!(env.read("cell", "c").await.unwrap(), "v39");
+        assert_eq!(write_records(&env.store, "cell").await, 21, "v19 and the 20 newer versions");
+        assert_eq!(env.notify_cells().await, 1, "the pending notification survived");
+        // The reader ends: everything but the newest goes.
+        drop(reader);
+        reader_client.heartbeat().await.unwrap();
+        env.me().heartbeat().await.unwrap();
+        let report = gc::collect(&gc_client, 7).await.unwrap();
+        assert!(report.write_records_removed >= 20, "{report:?}");
+        assert_eq!(write_records(&env.store, "cell").await, 1);
+        assert_eq!(env.read("cell", "c").await.unwrap(), "v39");
+        assert_eq!(env.notify_cells().await, 1);
+        // A deleted cell disappears entirely.
+        let mut t = env.me().begin().await.unwrap();
+        t.delete("cell", "c");
+        t.commit().await.unwrap();
+        for c in [env.me(), &reader_client] {
+            c.heartbeat().await.unwrap();
+        }
+        gc::collect(&gc_client, 7).await.unwrap();
+        assert_eq!(write_records(&env.store, "cell").await, 0);
+        assert_eq!(env.read("cell", "c").await, None);
+    });
+}
+
+#[test]
+fn store_does_not_grow_with_updates_when_collected() {
+    rt().block_on(async {
+        let obs = effect();
+        let mut reg = Registry::new();
+        reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default()).unwrap(),
+        );
+        let env = Env::new(store, reg, true).await;
+        let engine = env.engine(NotifyConfig::default()).await;
+        let gc_client = env.client().await;
+        for round in 0..300 {
+            env.write("r", "v", &format!("value {round}")).await;
+            engine.run_until_quiet().await.unwrap();
+            if round % 50 == 49 {
+                env.me().heartbeat().await.unwrap();
+                engine.client().heartbeat().await.unwrap();
+                gc::collect(&gc_client, 64).await.unwrap();
+                // v, seen, effect and the ack: one committed version each, whatever the round.
+                assert_eq!(write_records(&env.store, "r").await, 4, "round {round}");
+            }
+        }
+        assert_eq!(env.read("r", "effect").await.unwrap(), "300");
+    });
+}
+
+/// The same chain, run by background scanners and workers, and `wait` for quiescence.
+#[test]
+fn workers_run_the_chain_to_quiescence() {
+    let rt = rt();
+    rt.block_on(async {
+        let mut reg = Registry::new();
+        reg.register("A", "a", NotifyKind::Strong, stage("A", "b")).unwrap();
+        reg.register("B", "b", NotifyKind::Strong, stage("B", "c")).unwrap();
+        reg.register("C", "c", NotifyKind::Strong, stage("C", "d")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default()).unwrap(),
+        );
+        let env = Env::new(store, reg, false).await;
+        const ROWS: usize = 200;
+        for i in 0..ROWS {
+            env.write(&format!("row{i:04}"), "a", &format!("x{i}")).await;
+        }
+        let config = NotifyConfig {
+            scanners: 3,
+            concurrency: 8,
+            scan_batch: 16,
+            idle_ms: 5,
+            gc_interval_ms: 0,
+            ..NotifyConfig::default()
+        };
+        let engine = Arc::new(env.engine(config).await);
+        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        workers.wait().await.unwrap();
+        for i in 0..ROWS {
+            assert_eq!(env.read(&format!("row{i:04}"), "d").await.unwrap(), format!("x{i}|A|B|C"));
+        }
+        assert!(!engine.has_pending().await.unwrap());
+        // More work after quiescence is picked up again.
+        env.write("row0007", "a", "again").await;
+        workers.kick();
+        workers.wait().await.unwrap();
+        assert_eq!(env.read("row0007", "d").await.unwrap(), "again|A|B|C");
+        let commits: u64 = engine.stats().iter().map(|s| s.commits).sum();
+        assert_eq!(commits, ROWS as u64 * 3 + 3);
+        workers.shutdown().await;
+    });
+}
