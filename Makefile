@@ -19,7 +19,7 @@ lint:
 	$(CARGO) fmt --all --check
 
 bench:
-	$(CARGO) run --release -p perc-bench -- core
+	$(CARGO) run --release -p perc-bench -- all
 
 # Rewrite the recorded output of the golden scripts; review the diff before committing.
 golden:

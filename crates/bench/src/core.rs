@@ -15,6 +15,8 @@ use perc_txn::{Client, Clock, SystemClock, TxnConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::table::{rate, scaled, Table};
+
 fn schema() -> Schema {
     let mut s = Schema::new(perc_txn::FAMILIES);
     s.add(perc_oracle::FAMILY);
@@ -37,42 +39,6 @@ fn value() -> Bytes {
 
 fn col() -> Column {
     Column::new("data", Bytes::from_static(b"c"))
-}
-
-fn scaled(n: u64, scale: f64) -> u64 {
-    ((n as f64 * scale) as u64).max(10)
-}
-
-struct Table {
-    rows: Vec<(String, String, String)>,
-}
-
-impl Table {
-    fn new() -> Table {
-        Table { rows: Vec::new() }
-    }
-    fn add(&mut self, what: impl Into<String>, figure: impl Into<String>, note: impl Into<String>) {
-        self.rows.push((what.into(), figure.into(), note.into()));
-    }
-    fn print(&self, title: &str) {
-        println!("\n## {title}\n");
-        println!("| measurement | figure | note |");
-        println!("|---|---:|---|");
-        for (a, b, c) in &self.rows {
-            println!("| {a} | {b} | {c} |");
-        }
-    }
-}
-
-fn rate(n: u64, secs: f64) -> String {
-    let r = n as f64 / secs;
-    if r >= 1e6 {
-        format!("{:.2} M/s", r / 1e6)
-    } else if r >= 1e3 {
-        format!("{:.1} k/s", r / 1e3)
-    } else {
-        format!("{r:.0} /s")
-    }
 }
 
 pub fn run(scale: f64) -> Result<()> {

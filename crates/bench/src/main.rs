@@ -5,6 +5,8 @@
 //! machine is shared and absolute numbers drift. `make bench` runs every suite.
 
 mod core;
+mod notify;
+mod table;
 
 use clap::{Parser, Subcommand};
 
@@ -22,11 +24,20 @@ struct Args {
 enum Suite {
     /// Store operations, transactions and the oracle (issue: transactional core).
     Core,
+    /// Notifications: processing rate and scan cost (issue: observer framework).
+    Notify,
+    /// Every suite.
+    All,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    match args.suite.unwrap_or(Suite::Core) {
+    match args.suite.unwrap_or(Suite::All) {
         Suite::Core => core::run(args.scale),
+        Suite::Notify => notify::run(args.scale),
+        Suite::All => {
+            core::run(args.scale)?;
+            notify::run(args.scale)
+        }
     }
 }

@@ -48,3 +48,19 @@ impl RowLease for LocalLease {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_holder_at_a_time_and_release_on_drop() {
+        let lease = LocalLease::default();
+        let (r, c) = (Bytes::from_static(b"r"), Bytes::from_static(b"c"));
+        let g = lease.try_acquire(&r, &c).expect("free");
+        assert!(lease.try_acquire(&r, &c).is_none());
+        assert!(lease.try_acquire(&r, &Bytes::from_static(b"other")).is_some());
+        drop(g);
+        assert!(lease.try_acquire(&r, &c).is_some());
+    }
+}

@@ -143,14 +143,11 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             }
         };
         if let (Some(first), Some(last)) = (batch.first(), batch.last()) {
-            let others_inside = {
+            let behind = {
                 let positions = shared.positions.lock().unwrap_or_else(|e| e.into_inner());
-                positions
-                    .iter()
-                    .enumerate()
-                    .any(|(i, p)| i != me && !p.is_empty() && *p > first.row && *p <= last.row)
+                right_behind(me, &positions, &first.row, &last.row)
             };
-            if others_inside {
+            if behind {
                 pos = random_start(&shared, &mut rng);
                 continue;
             }
@@ -197,6 +194,13 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     }
 }
 
+/// Whether scanner `me`, having just read rows `first..=last`, is right behind another
+/// scanner: one whose position lies inside that range is about to (or just did) process the
+/// same notifications.
+fn right_behind(me: usize, positions: &[Bytes], first: &Bytes, last: &Bytes) -> bool {
+    positions.iter().enumerate().any(|(i, p)| i != me && !p.is_empty() && p > first && p <= last)
+}
+
 async fn heartbeat(shared: Arc<Shared>) {
     let client = shared.engine.client().clone();
     let every = (client.config().liveness_ttl_ms / 3).max(1);
@@ -223,5 +227,23 @@ async fn collector(shared: Arc<Shared>) {
             Ok(r) => tracing::debug!(?r, "garbage collection pass"),
             Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scanner_inside_my_batch_means_i_am_right_behind_it() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let positions = [b("c"), b("m"), b("")];
+        // Scanner 0 read c..=k: nobody else is in there.
+        assert!(!right_behind(0, &positions, &b("c"), &b("k")));
+        // Scanner 0 read c..=p: scanner 1 at m is just ahead of it.
+        assert!(right_behind(0, &positions, &b("c"), &b("p")));
+        // Its own position and an unplaced scanner never count.
+        assert!(!right_behind(1, &positions, &b("d"), &b("m")));
+        assert!(!right_behind(2, &[b(""), b("")], &b("a"), &b("z")));
     }
 }

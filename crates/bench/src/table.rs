@@ -1,0 +1,42 @@
+//! Printing figures as Markdown tables, and the helpers every suite shares.
+
+pub fn scaled(n: u64, scale: f64) -> u64 {
+    ((n as f64 * scale) as u64).max(10)
+}
+
+pub struct Table {
+    rows: Vec<(String, String, String)>,
+}
+
+impl Table {
+    pub fn new() -> Table {
+        Table { rows: Vec::new() }
+    }
+    pub fn add(
+        &mut self,
+        what: impl Into<String>,
+        figure: impl Into<String>,
+        note: impl Into<String>,
+    ) {
+        self.rows.push((what.into(), figure.into(), note.into()));
+    }
+    pub fn print(&self, title: &str) {
+        println!("\n## {title}\n");
+        println!("| measurement | figure | note |");
+        println!("|---|---:|---|");
+        for (a, b, c) in &self.rows {
+            println!("| {a} | {b} | {c} |");
+        }
+    }
+}
+
+pub fn rate(n: u64, secs: f64) -> String {
+    let r = n as f64 / secs;
+    if r >= 1e6 {
+        format!("{:.2} M/s", r / 1e6)
+    } else if r >= 1e3 {
+        format!("{:.1} k/s", r / 1e3)
+    } else {
+        format!("{r:.0} /s")
+    }
+}
