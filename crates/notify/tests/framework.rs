@@ -362,6 +362,29 @@ fn a_rolled_back_writer_never_runs_an_observer() {
     });
 }
 
+#[test]
+fn a_writer_that_dies_after_its_commit_point_still_notifies() {
+    rt().block_on(async {
+        for step in [CommitStep::AfterCommitPrimary, CommitStep::MidSecondaries] {
+            let obs = effect();
+            let mut reg = Registry::new();
+            reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+            let env = Env::mem(reg).await;
+            let writer = env.client().await;
+            let mut t = writer.begin().await.unwrap();
+            t.set("r", "v", "committed");
+            t.set("s", "v", "committed too");
+            t.commit_crashing_at(step).await.unwrap();
+            writer.deregister().await.unwrap();
+            let engine = env.engine(NotifyConfig::default()).await;
+            let report = engine.run_until_quiet().await.unwrap();
+            assert_eq!(report.ran, 2, "{step:?}: {report:?}");
+            assert_eq!(env.read("r", "seen").await.unwrap(), "committed");
+            assert_eq!(env.read("s", "seen").await.unwrap(), "committed too");
+        }
+    });
+}
+
 /// Sums shard rows into a total: the hot row is only ever notified weakly.
 struct Summer {
     shards: usize,
