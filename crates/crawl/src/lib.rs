@@ -1,0 +1,11 @@
+//! The web side of perc: what a URL is and whether it is in scope ([`urls`]), what a page
+//! says ([`parse`]: title, links and their anchors, robots meta, canonical and refresh
+//! hints, decoded with the right charset), and its content hash. Fetching, robots.txt and
+//! WARC come beside these; the observers use them through the pipeline's crate and never see
+//! a socket.
+
+pub mod parse;
+pub mod urls;
+
+pub use parse::{content_hash, decode, parse, Link, ParsedPage};
+pub use urls::{normalize, resolve, Scope};

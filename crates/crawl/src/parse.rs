@@ -1,0 +1,319 @@
+//! What a page says (SPEC §6.3, §6.4): its text decoded with the right charset, its title,
+//! its links with their anchors, the robots meta, and the canonical and refresh hints.
+//!
+//! Decoding: a byte-order mark wins, then the HTTP `charset`, then a `<meta charset>` (or
+//! `http-equiv` Content-Type) in the first 1024 bytes, then detection (chardetng). Malformed
+//! bytes become U+FFFD; malformed HTML is parsed the way browsers do (html5ever, through
+//! scraper), so neither is an error.
+//!
+//! Links: every `<a href>`, resolved against the page URL or its `<base href>`, fragment
+//! dropped, http(s) only. One [`Link`] per distinct target other than the page itself, in the
+//! order targets first appear; its anchor is the first non-empty anchor text among the links
+//! to that target (textContent, whitespace runs collapsed, trimmed), or "". A target is
+//! followed unless every link to it says `rel=nofollow` or the page's robots meta says
+//! `nofollow`/`none`.
+
+use std::collections::HashMap;
+
+use encoding_rs::Encoding;
+use scraper::{ElementRef, Html, Selector};
+use url::Url;
+
+use crate::urls::resolve;
+
+/// One edge of the link graph, as the source page states it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub target: Url,
+    pub anchor: String,
+    /// Whether the crawler may follow it.
+    pub follow: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParsedPage {
+    pub title: String,
+    pub links: Vec<Link>,
+    /// Robots meta `noindex` or `none`.
+    pub noindex: bool,
+    /// Robots meta `nofollow` or `none` (then no link is followed).
+    pub nofollow: bool,
+    /// `<link rel="canonical">`, resolved: recorded, not yet used.
+    pub canonical: Option<Url>,
+    /// `<meta http-equiv="refresh">`'s target, resolved: recorded, not yet used.
+    pub refresh: Option<Url>,
+    /// The encoding the text was decoded with.
+    pub encoding: &'static str,
+}
+
+/// blake3 of the body bytes (after transfer decoding), in hex.
+pub fn content_hash(body: &[u8]) -> String {
+    blake3::hash(body).to_hex().to_string()
+}
+
+/// Collapses whitespace runs to one space and trims.
+pub fn collapse(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The charset a `<meta>` declares in the first 1024 bytes, if any.
+fn meta_charset(body: &[u8]) -> Option<&'static Encoding> {
+    let head = &body[..body.len().min(1024)];
+    let lower: Vec<u8> = head.iter().map(u8::to_ascii_lowercase).collect();
+    let mut from = 0;
+    while let Some(i) = find(&lower[from..], b"<meta") {
+        let start = from + i;
+        let end = find(&lower[start..], b">").map_or(lower.len(), |e| start + e);
+        let tag = &lower[start..end];
+        if let Some(c) = find(tag, b"charset=") {
+            let value: Vec<u8> = tag[c + 8..]
+                .iter()
+                .copied()
+                .skip_while(|b| *b == b'"' || *b == b'\'' || b.is_ascii_whitespace())
+                .take_while(|b| {
+                    !matches!(b, b'"' | b'\'' | b';' | b'/' | b'>') && !b.is_ascii_whitespace()
+                })
+                .collect();
+            if let Some(enc) = Encoding::for_label(&value) {
+                // A page cannot declare itself UTF-16 in ASCII; browsers read that as UTF-8.
+                return Some(if enc == encoding_rs::UTF_16LE || enc == encoding_rs::UTF_16BE {
+                    encoding_rs::UTF_8
+                } else {
+                    enc
+                });
+            }
+        }
+        from = end;
+    }
+    None
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Decodes a body: BOM, then the HTTP charset, then `<meta charset>`, then detection.
+pub fn decode(body: &[u8], http_charset: Option<&str>) -> (String, &'static Encoding) {
+    let encoding = Encoding::for_bom(body)
+        .map(|(e, _)| e)
+        .or_else(|| {
+            http_charset.and_then(|c| Encoding::for_label(c.trim().trim_matches('"').as_bytes()))
+        })
+        .or_else(|| meta_charset(body))
+        .unwrap_or_else(|| {
+            let mut detector =
+                chardetng::EncodingDetector::new(chardetng::Iso2022JpDetection::Deny);
+            detector.feed(body, true);
+            detector.guess(None, chardetng::Utf8Detection::Allow)
+        });
+    // `decode` sniffs and strips a BOM itself and replaces malformed sequences.
+    let (text, used, _malformed) = encoding.decode(body);
+    (text.into_owned(), used)
+}
+
+fn selector(s: &str) -> Selector {
+    Selector::parse(s).expect("static selector")
+}
+
+fn tokens(value: &str) -> impl Iterator<Item = String> + '_ {
+    value
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|t| !t.is_empty())
+        .map(str::to_ascii_lowercase)
+}
+
+/// Parses a page fetched from `url`.
+pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
+    let (text, encoding) = decode(body, http_charset);
+    let doc = Html::parse_document(&text);
+    let mut page = ParsedPage { encoding: encoding.name(), ..ParsedPage::default() };
+
+    page.title = doc
+        .select(&selector("title"))
+        .next()
+        .map(|t| collapse(&t.text().collect::<String>()))
+        .unwrap_or_default();
+
+    for meta in doc.select(&selector("meta[name]")) {
+        let name = meta.value().attr("name").unwrap_or_default();
+        if !name.eq_ignore_ascii_case("robots") {
+            continue;
+        }
+        for t in tokens(meta.value().attr("content").unwrap_or_default()) {
+            match t.as_str() {
+                "noindex" => page.noindex = true,
+                "nofollow" => page.nofollow = true,
+                "none" => {
+                    page.noindex = true;
+                    page.nofollow = true;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    let base = doc
+        .select(&selector("base[href]"))
+        .next()
+        .and_then(|b| b.value().attr("href"))
+        .and_then(|h| url.join(h.trim()).ok())
+        .filter(|u| matches!(u.scheme(), "http" | "https"))
+        .unwrap_or_else(|| url.clone());
+
+    page.canonical = doc
+        .select(&selector("link[rel][href]"))
+        .find(|l| tokens(l.value().attr("rel").unwrap_or_default()).any(|t| t == "canonical"))
+        .and_then(|l| resolve(&base, l.value().attr("href").unwrap_or_default()));
+
+    page.refresh = doc
+        .select(&selector("meta[http-equiv]"))
+        .find(|m| m.value().attr("http-equiv").is_some_and(|h| h.eq_ignore_ascii_case("refresh")))
+        .and_then(|m| refresh_target(&base, m.value().attr("content").unwrap_or_default()));
+
+    let mut index: HashMap<Url, usize> = HashMap::new();
+    for a in doc.select(&selector("a[href]")) {
+        let Some(target) = resolve(&base, a.value().attr("href").unwrap_or_default()) else {
+            continue;
+        };
+        if target == *url {
+            continue; // not an edge: source and target are the same page
+        }
+        let anchor = anchor_text(&a);
+        let follow = !page.nofollow
+            && !tokens(a.value().attr("rel").unwrap_or_default()).any(|t| t == "nofollow");
+        match index.get(&target) {
+            Some(&i) => {
+                let link = &mut page.links[i];
+                if link.anchor.is_empty() {
+                    link.anchor = anchor;
+                }
+                link.follow |= follow;
+            }
+            None => {
+                index.insert(target.clone(), page.links.len());
+                page.links.push(Link { target, anchor, follow });
+            }
+        }
+    }
+    page
+}
+
+fn anchor_text(a: &ElementRef<'_>) -> String {
+    collapse(&a.text().collect::<String>())
+}
+
+/// The URL in a refresh's content, `"5; url=/next"`.
+fn refresh_target(base: &Url, content: &str) -> Option<Url> {
+    let lower = content.to_ascii_lowercase();
+    let at = lower.find("url")?;
+    let rest = content[at + 3..].trim_start();
+    let rest = rest.strip_prefix('=')?.trim();
+    let rest = rest.trim_matches(|c| c == '"' || c == '\'');
+    resolve(base, rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> Url {
+        Url::parse(s).unwrap()
+    }
+
+    #[test]
+    fn links_anchors_and_dedup() {
+        let html = br#"<html><head><title>  The
+            Title </title></head><body>
+            <a href="/b">   </a>
+            <a href="/b#x"> Bee
+               page</a>
+            <a href="c.html" rel="nofollow">see</a>
+            <a href="c.html">again</a>
+            <a href="/self">me</a>
+            <a href="mailto:x@y.z">mail</a>
+            <a href="http://other.test/">out</a>
+            <a>no href</a>
+        </body></html>"#;
+        let p = parse(&url("http://h.test/self"), html, Some("utf-8"));
+        assert_eq!(p.title, "The Title");
+        let got: Vec<(&str, &str, bool)> =
+            p.links.iter().map(|l| (l.target.as_str(), l.anchor.as_str(), l.follow)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("http://h.test/b", "Bee page", true),
+                ("http://h.test/c.html", "see", true),
+                ("http://other.test/", "out", true),
+            ]
+        );
+    }
+
+    #[test]
+    fn base_href_robots_canonical_refresh() {
+        let html = br#"<html><head>
+            <base href="http://h.test/deep/dir/">
+            <meta name="ROBOTS" content="NoIndex, nofollow">
+            <link rel="Canonical" href="/canon">
+            <meta http-equiv="Refresh" content="3; URL='next.html'">
+            </head><body><a href="rel.html" rel="nofollow">r</a><a href="x">x</a></body></html>"#;
+        let p = parse(&url("http://h.test/page"), html, None);
+        assert!(p.noindex && p.nofollow);
+        assert_eq!(p.canonical.unwrap().as_str(), "http://h.test/canon");
+        assert_eq!(p.refresh.unwrap().as_str(), "http://h.test/deep/dir/next.html");
+        assert_eq!(p.links[0].target.as_str(), "http://h.test/deep/dir/rel.html");
+        assert!(p.links.iter().all(|l| !l.follow), "meta nofollow: nothing is followed");
+        let none = parse(
+            &url("http://h.test/"),
+            br#"<meta name="robots" content="none"><a href="/a">a</a>"#,
+            None,
+        );
+        assert!(none.noindex && none.nofollow && !none.links[0].follow);
+    }
+
+    #[test]
+    fn charsets_bom_http_meta_detection() {
+        // "café" in Latin-1, declared by a meta tag.
+        let mut latin1 = b"<html><head><meta charset=\"iso-8859-1\"><title>caf".to_vec();
+        latin1.extend_from_slice(&[0xE9]);
+        latin1.extend_from_slice(b"</title></head></html>");
+        assert_eq!(parse(&url("http://h.test/"), &latin1, None).title, "café");
+        // The HTTP charset wins over the meta tag.
+        let p = parse(&url("http://h.test/"), &latin1, Some("windows-1251"));
+        assert_eq!(p.encoding, "windows-1251");
+        // A BOM wins over both.
+        let mut bom = vec![0xEF, 0xBB, 0xBF];
+        bom.extend_from_slice("<title>naïve</title>".as_bytes());
+        assert_eq!(parse(&url("http://h.test/"), &bom, Some("iso-8859-1")).title, "naïve");
+        // A mislabelled page (says UTF-8, is not): replacement characters, no error.
+        let p = parse(&url("http://h.test/"), &latin1, Some("utf-8"));
+        assert_eq!(p.title, "caf\u{FFFD}");
+        // No label at all: detection.
+        let shift_jis = encoding_rs::SHIFT_JIS
+            .encode("<title>日本語のページ</title><p>これは日本語で書かれた文章です。</p>")
+            .0;
+        assert_eq!(parse(&url("http://h.test/"), &shift_jis, None).title, "日本語のページ");
+    }
+
+    #[test]
+    fn broken_html_still_parses() {
+        let p = parse(
+            &url("http://h.test/"),
+            b"<title>Broken</title><body><a href=/x>x<a href=/y>y</div></span><p><b>unclosed",
+            None,
+        );
+        assert_eq!(p.title, "Broken");
+        assert_eq!(p.links.len(), 2);
+        assert_eq!(
+            parse(&url("http://h.test/"), b"", None),
+            ParsedPage { encoding: p.encoding, ..ParsedPage::default() }
+        );
+    }
+
+    #[test]
+    fn content_hash_is_blake3_hex() {
+        assert_eq!(
+            content_hash(b""),
+            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+        );
+    }
+}
