@@ -395,6 +395,84 @@ impl Transaction {
         Ok(self.resolve_read(&row, &column, got).await?.map(|(ts, _)| ts))
     }
 
+    /// The rows in `[start, end)` (`end` empty: to the end) that have a value in `column` in
+    /// this snapshot, with those values, in row order (this transaction's own buffered writes
+    /// included). Reads the `write` family over the range, so its cost follows the cells in
+    /// the range, not the table: keep scanned columns under a row prefix of their own.
+    pub async fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        column: &[u8],
+    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
+        let store = self.client.store();
+        let range = |family: &'static str| perc_store::Scan {
+            family,
+            start: Bytes::copy_from_slice(start),
+            end: Bytes::copy_from_slice(end),
+            limit: usize::MAX,
+        };
+        let column = Bytes::copy_from_slice(column);
+        let mut found: BTreeMap<Bytes, Option<Bytes>> = BTreeMap::new();
+        // Cells locked at or below start_ts are read one by one, which waits on or resolves
+        // the lock exactly as `get` does.
+        let mut locked = BTreeSet::new();
+        for c in store.scan(&range(actions::LOCK.name)).await? {
+            if c.qualifier == column && c.ts <= self.start_ts {
+                locked.insert(c.row);
+            }
+        }
+        // Newest committed record at or below start_ts, per row (cells come newest first).
+        let mut newest: BTreeMap<Bytes, WriteRecord> = BTreeMap::new();
+        for c in store.scan(&range(actions::WRITE.name)).await? {
+            if c.qualifier != column
+                || c.ts > self.start_ts
+                || locked.contains(&c.row)
+                || newest.contains_key(&c.row)
+            {
+                continue;
+            }
+            let record = WriteRecord::decode(&c.value)?;
+            if record.kind != WriteKind::Rollback {
+                newest.insert(c.row, record);
+            }
+        }
+        let puts: Vec<(Bytes, Ts)> = newest
+            .into_iter()
+            .filter(|(_, r)| r.kind == WriteKind::Put)
+            .map(|(row, r)| (row, r.start_ts))
+            .collect();
+        if !puts.is_empty() {
+            let reads: Vec<RowRead> = puts
+                .iter()
+                .map(|(row, ts)| RowRead {
+                    row: row.clone(),
+                    reads: vec![ColumnRead::newest(data_col(&column), TsRange::at(*ts))],
+                })
+                .collect();
+            for ((row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
+                let cell = got.remove(0).pop().ok_or_else(|| {
+                    TxnError::Corrupt(format!(
+                        "{}/{}: no data at {ts} for its write record",
+                        error::show(&row),
+                        error::show(&column)
+                    ))
+                })?;
+                found.insert(row, Some(cell.value));
+            }
+        }
+        for row in locked {
+            let v = self.get(&row, &column).await?;
+            found.insert(row, v);
+        }
+        for ((row, col), v) in &self.writes {
+            if *col == column && row.as_ref() >= start && (end.is_empty() || row.as_ref() < end) {
+                found.insert(row.clone(), v.clone());
+            }
+        }
+        Ok(found.into_iter().filter_map(|(row, v)| v.map(|v| (row, v))).collect())
+    }
+
     /// Buffers a weak notification of `(row, column)`: set at commit without a write, so
     /// it conflicts with nothing (for hot rows, such as counters with many writers).
     pub fn notify(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {

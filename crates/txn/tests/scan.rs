@@ -1,0 +1,78 @@
+//! `Transaction::scan`: a snapshot-consistent range read of one column.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use perc_txn::{Clock, CommitStep, ManualClock, TxnConfig};
+
+fn s(v: &[(Bytes, Bytes)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(r, v)| {
+            (String::from_utf8(r.to_vec()).unwrap(), String::from_utf8(v.to_vec()).unwrap())
+        })
+        .collect()
+}
+
+fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+    p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+}
+
+async fn range(t: &perc_txn::Transaction) -> Vec<(String, String)> {
+    s(&t.scan(b"e/a/", b"e/a0", b"in").await.unwrap())
+}
+
+#[test]
+fn scan_sees_its_snapshot_and_own_writes() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store = common::mem_store();
+        let oracle = common::oracle(&store).await;
+        let manual = Arc::new(ManualClock::new(1_000_000));
+        let clock: Arc<dyn Clock> = manual.clone();
+        let c = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
+        let mut t = c.begin().await.unwrap();
+        for (row, v) in [("e/a/1", "one"), ("e/a/2", "two"), ("e/b/1", "other"), ("e/a/3", "three")]
+        {
+            t.set(row, "in", v);
+            t.set(row, "noise", "x");
+        }
+        t.commit().await.unwrap();
+        let old = c.begin().await.unwrap();
+        let mut t = c.begin().await.unwrap();
+        t.delete("e/a/2", "in");
+        t.set("e/a/4", "in", "four");
+        t.commit().await.unwrap();
+
+        assert_eq!(
+            range(&old).await,
+            pairs(&[("e/a/1", "one"), ("e/a/2", "two"), ("e/a/3", "three")])
+        );
+        let mut now = c.begin().await.unwrap();
+        assert_eq!(
+            range(&now).await,
+            pairs(&[("e/a/1", "one"), ("e/a/3", "three"), ("e/a/4", "four")])
+        );
+        now.set("e/a/0", "in", "zero");
+        now.delete("e/a/3", "in");
+        assert_eq!(
+            range(&now).await,
+            pairs(&[("e/a/0", "zero"), ("e/a/1", "one"), ("e/a/4", "four")])
+        );
+        assert_eq!(s(&now.scan(b"", b"", b"in").await.unwrap()).len(), 4);
+
+        // A crashed writer's lock inside the range is resolved, as a get would.
+        let dead = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
+        let mut t = dead.begin().await.unwrap();
+        t.set("e/a/5", "in", "five");
+        t.set("e/a/1", "in", "uno");
+        t.commit_crashing_at(CommitStep::AfterCommitPrimary).await.unwrap();
+        dead.deregister().await.unwrap();
+        let later = c.begin().await.unwrap();
+        assert_eq!(
+            range(&later).await,
+            pairs(&[("e/a/1", "uno"), ("e/a/4", "four"), ("e/a/5", "five")])
+        );
+    });
+}
