@@ -72,7 +72,7 @@ fn scan_sees_its_snapshot_and_own_writes() {
         let later = c.begin().await.unwrap();
         assert_eq!(
             range(&later).await,
-            pairs(&[("e/a/1", "uno"), ("e/a/4", "four"), ("e/a/5", "five")])
+            pairs(&[("e/a/1", "uno"), ("e/a/3", "three"), ("e/a/4", "four"), ("e/a/5", "five")])
         );
     });
 }
