@@ -4,8 +4,12 @@
 //! WARC come beside these; the observers use them through the pipeline's crate and never see
 //! a socket.
 
+pub mod fetch;
 pub mod parse;
 pub mod urls;
 
+pub use fetch::{
+    FetchError, FetchLimits, Fetcher, HttpFetcher, Polite, PolitenessConfig, Response,
+};
 pub use parse::{content_hash, decode, parse, Link, ParsedPage};
 pub use urls::{normalize, resolve, Scope};
