@@ -6,10 +6,12 @@
 
 pub mod fetch;
 pub mod parse;
+pub mod robots;
 pub mod urls;
 
 pub use fetch::{
     FetchError, FetchLimits, Fetcher, HttpFetcher, Polite, PolitenessConfig, Response,
 };
 pub use parse::{content_hash, decode, parse, Link, ParsedPage};
+pub use robots::{RobotsCache, Verdict};
 pub use urls::{normalize, resolve, Scope};
