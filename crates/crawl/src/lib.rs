@@ -8,6 +8,7 @@ pub mod fetch;
 pub mod parse;
 pub mod robots;
 pub mod urls;
+pub mod warc;
 
 pub use fetch::{
     FetchError, FetchLimits, Fetcher, HttpFetcher, Polite, PolitenessConfig, Response,

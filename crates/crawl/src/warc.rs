@@ -1,0 +1,454 @@
+//! Recorded crawls: reading WARC response records for `perc replay`, and writing request and
+//! response records for `perc crawl --warc-out`.
+//!
+//! A `.warc.gz` file is read one gzip member at a time (perc writes one member per record, as
+//! wget and Heritrix do), so that a corrupt or truncated member is reported with the file and
+//! the byte offset where it starts, and reading resumes at the next member: the good records
+//! around a bad one still load. A plain `.warc` is read record by record the same way. Each
+//! record is parsed by the `warc` crate; a response record's payload (an HTTP response) by
+//! `httparse`, then de-chunked and decompressed as recorded, under the same body cap as a
+//! live fetch.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use url::Url;
+use warc::{RecordBuilder, RecordType, WarcHeader, WarcReader, WarcWriter};
+
+use crate::fetch::Response;
+
+/// A problem with one record (or with the file): where it is, and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: at byte {offset}: {message}", file.display())]
+pub struct WarcIssue {
+    pub file: PathBuf,
+    pub offset: u64,
+    pub message: String,
+}
+
+/// One recorded response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub url: Url,
+    pub response: Response,
+}
+
+/// Reads every response record of `path`: the good ones, and an issue for each bad one.
+/// Only a file that cannot be opened at all is an error.
+pub fn read(path: &Path, body_bytes_max: u64) -> io::Result<(Vec<Recorded>, Vec<WarcIssue>)> {
+    let mut out = Vec::new();
+    let mut issues = Vec::new();
+    let file = File::open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let mut reader = BufReader::new(file);
+    let gz = {
+        let head = reader.fill_buf()?;
+        head.len() >= 2 && head[0] == 0x1f && head[1] == 0x8b
+    };
+    let issue =
+        |offset: u64, message: String| WarcIssue { file: path.to_path_buf(), offset, message };
+    let mut offset = 0u64;
+    loop {
+        if reader.fill_buf()?.is_empty() {
+            break;
+        }
+        let mut record = Vec::new();
+        let consumed = if gz {
+            let mut counting = Counting { inner: &mut reader, count: 0 };
+            let result = flate2::bufread::GzDecoder::new(&mut counting).read_to_end(&mut record);
+            match result {
+                Ok(_) => counting.count,
+                Err(e) => {
+                    issues.push(issue(offset, format!("corrupt gzip member: {e}")));
+                    match resync(&mut reader, offset + 1, b"\x1f\x8b\x08")? {
+                        Some(next) => {
+                            offset = next;
+                            continue;
+                        }
+                        None => break,
+                    }
+                }
+            }
+        } else {
+            // A plain WARC: the record runs to the next "WARC/" at a line start, or the end.
+            let start = offset;
+            reader.seek(SeekFrom::Start(start))?;
+            let end = resync(&mut reader, start + 1, b"\r\nWARC/")?.map(|p| p + 2);
+            reader.seek(SeekFrom::Start(start))?;
+            match end {
+                Some(end) => reader.by_ref().take(end - start).read_to_end(&mut record)?,
+                None => reader.read_to_end(&mut record)?,
+            };
+            record.len() as u64
+        };
+        match parse_record(&record, body_bytes_max) {
+            Ok(Some(r)) => out.push(r),
+            Ok(None) => {}
+            Err(message) => issues.push(issue(offset, message)),
+        }
+        offset += consumed;
+        if gz {
+            reader.seek(SeekFrom::Start(offset))?;
+        }
+    }
+    Ok((out, issues))
+}
+
+/// The position of the next `magic` at or after `from` (the reader is left there).
+fn resync(reader: &mut BufReader<File>, from: u64, magic: &[u8]) -> io::Result<Option<u64>> {
+    reader.seek(SeekFrom::Start(from))?;
+    let mut pos = from;
+    let mut window: Vec<u8> = Vec::new();
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        let n = buf.len();
+        window.extend_from_slice(buf);
+        if let Some(i) = window.windows(magic.len()).position(|w| w == magic) {
+            let at = pos + i as u64;
+            reader.seek(SeekFrom::Start(at))?;
+            return Ok(Some(at));
+        }
+        reader.consume(n);
+        // Keep a tail in case the magic straddles two reads.
+        let keep = magic.len() - 1;
+        let drop = window.len().saturating_sub(keep);
+        window.drain(..drop);
+        pos += drop as u64;
+    }
+}
+
+struct Counting<'a, R> {
+    inner: &'a mut R,
+    count: u64,
+}
+
+impl<R: BufRead> Read for Counting<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for Counting<'_, R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+    fn consume(&mut self, amt: usize) {
+        self.count += amt as u64;
+        self.inner.consume(amt);
+    }
+}
+
+/// A response record's URL and response; `None` for other record types.
+fn parse_record(bytes: &[u8], body_bytes_max: u64) -> Result<Option<Recorded>, String> {
+    let record = WarcReader::new(bytes)
+        .iter_records()
+        .next()
+        .ok_or("empty record")?
+        .map_err(|e| format!("malformed WARC record: {e}"))?;
+    if *record.warc_type() != RecordType::Response {
+        return Ok(None);
+    }
+    let uri =
+        record.header(WarcHeader::TargetURI).ok_or("response record without WARC-Target-URI")?;
+    let url = crate::urls::normalize(uri.trim_matches(|c| c == '<' || c == '>'))
+        .map_err(|e| format!("WARC-Target-URI: {e}"))?;
+    let declared = record.content_length();
+    let body = record.body();
+    if (body.len() as u64) < declared {
+        return Err(format!("truncated record: {} of {declared} payload bytes", body.len()));
+    }
+    let response = parse_http(&url, body, body_bytes_max)?;
+    Ok(Some(Recorded { url, response }))
+}
+
+/// Parses a recorded HTTP response (head, then the body as it was sent).
+pub fn parse_http(url: &Url, raw: &[u8], body_bytes_max: u64) -> Result<Response, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut resp = httparse::Response::new(&mut headers);
+    let head_len = match resp.parse(raw).map_err(|e| format!("malformed HTTP response: {e}"))? {
+        httparse::Status::Complete(n) => n,
+        httparse::Status::Partial => return Err("truncated HTTP response head".into()),
+    };
+    let status = resp.code.ok_or("HTTP response without status")?;
+    let get = |name: &str| {
+        resp.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).trim().to_string())
+    };
+    let mut body = raw[head_len..].to_vec();
+    if get("transfer-encoding").is_some_and(|t| t.to_ascii_lowercase().contains("chunked")) {
+        body = dechunk(&body)?;
+    }
+    match get("content-encoding").map(|c| c.to_ascii_lowercase()).as_deref() {
+        Some("gzip") | Some("x-gzip") => {
+            body = capped(flate2::read::MultiGzDecoder::new(&body[..]), body_bytes_max)?;
+        }
+        Some("deflate") => {
+            body = capped(flate2::read::ZlibDecoder::new(&body[..]), body_bytes_max)?
+        }
+        Some("identity") | None => {}
+        Some(other) => return Err(format!("unsupported recorded Content-Encoding {other:?}")),
+    }
+    if body.len() as u64 > body_bytes_max {
+        return Err(format!("body exceeds the {body_bytes_max}-byte limit"));
+    }
+    let (content_type, charset) = match get("content-type") {
+        Some(ct) => {
+            let mut parts = ct.split(';');
+            let media = parts.next().map(|m| m.trim().to_ascii_lowercase());
+            let charset = parts
+                .filter_map(|p| p.trim().split_once('='))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("charset"))
+                .map(|(_, v)| v.trim().trim_matches('"').to_string());
+            (media, charset)
+        }
+        None => (None, None),
+    };
+    Ok(Response {
+        status,
+        content_type,
+        charset,
+        location: get("location").and_then(|l| url.join(&l).ok()),
+        retry_after_s: get("retry-after").and_then(|r| r.parse().ok()),
+        body: Bytes::from(body),
+    })
+}
+
+fn capped(mut r: impl Read, max: u64) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let n = r
+        .by_ref()
+        .take(max + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("corrupt compressed body: {e}"))?;
+    if n as u64 > max {
+        return Err(format!("body exceeds the {max}-byte limit"));
+    }
+    Ok(out)
+}
+
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n").ok_or("truncated chunked body")?;
+        let size_text = std::str::from_utf8(&raw[..line_end]).map_err(|_| "bad chunk size")?;
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|_| format!("bad chunk size {size_text:?}"))?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if raw.len() < size + 2 {
+            return Err("truncated chunked body".into());
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+/// Writes request and response records, one gzip member each.
+pub struct Recorder {
+    out: io::BufWriter<File>,
+    path: PathBuf,
+}
+
+impl Recorder {
+    pub fn create(path: &Path) -> io::Result<Recorder> {
+        let file = File::create(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        Ok(Recorder { out: io::BufWriter::new(file), path: path.to_path_buf() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records one exchange. The response is written as perc received it after transfer
+    /// decoding (no Content-Encoding), so replaying it gives the same bytes.
+    pub fn record(&mut self, url: &Url, user_agent: &str, response: &Response) -> io::Result<()> {
+        let request = format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {user_agent}\r\n\r\n",
+            &url[url::Position::BeforePath..],
+            url.authority()
+        );
+        self.member(
+            url,
+            RecordType::Request,
+            "application/http; msgtype=request",
+            request.into_bytes(),
+        )?;
+        let mut http = format!("HTTP/1.1 {} {}\r\n", response.status, reason(response.status));
+        if let Some(ct) = &response.content_type {
+            match &response.charset {
+                Some(cs) => http.push_str(&format!("Content-Type: {ct}; charset={cs}\r\n")),
+                None => http.push_str(&format!("Content-Type: {ct}\r\n")),
+            }
+        }
+        if let Some(l) = &response.location {
+            http.push_str(&format!("Location: {l}\r\n"));
+        }
+        if let Some(r) = response.retry_after_s {
+            http.push_str(&format!("Retry-After: {r}\r\n"));
+        }
+        http.push_str(&format!("Content-Length: {}\r\n\r\n", response.body.len()));
+        let mut payload = http.into_bytes();
+        payload.extend_from_slice(&response.body);
+        self.member(url, RecordType::Response, "application/http; msgtype=response", payload)
+    }
+
+    fn member(
+        &mut self,
+        url: &Url,
+        kind: RecordType,
+        content_type: &str,
+        payload: Vec<u8>,
+    ) -> io::Result<()> {
+        let record = RecordBuilder::default()
+            .warc_type(kind)
+            .header(WarcHeader::TargetURI, url.as_str())
+            .header(WarcHeader::ContentType, content_type)
+            .body(payload)
+            .build()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let mut plain = WarcWriter::new(io::BufWriter::new(Vec::new()));
+        plain.write(&record)?;
+        let plain = plain.into_inner().map_err(|e| io::Error::other(e.to_string()))?;
+        let mut gz = flate2::write::GzEncoder::new(&mut self.out, flate2::Compression::default());
+        gz.write_all(&plain)?;
+        gz.finish()?;
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> io::Result<()> {
+        self.out.flush()?;
+        self.out.get_ref().sync_all()
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        301 => "Moved Permanently",
+        302 => "Found",
+        404 => "Not Found",
+        410 => "Gone",
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resp(status: u16, body: &str) -> Response {
+        Response {
+            status,
+            content_type: Some("text/html".into()),
+            charset: Some("utf-8".into()),
+            location: None,
+            retry_after_s: None,
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_recovery_around_a_corrupt_member() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crawl.warc.gz");
+        let mut rec = Recorder::create(&path).unwrap();
+        let urls: Vec<Url> =
+            (0..4).map(|i| Url::parse(&format!("http://h.test/p{i}")).unwrap()).collect();
+        for (i, u) in urls.iter().enumerate() {
+            rec.record(u, "perc", &resp(200, &format!("<title>{i}</title>"))).unwrap();
+        }
+        let mut moved = resp(301, "");
+        moved.location = Some(urls[0].clone());
+        rec.record(&Url::parse("http://h.test/old").unwrap(), "perc", &moved).unwrap();
+        rec.finish().unwrap();
+
+        let (got, issues) = read(&path, 1 << 20).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        assert_eq!(got.len(), 5);
+        assert_eq!(got[2].url, urls[2]);
+        assert_eq!(got[2].response, resp(200, "<title>2</title>"));
+        assert_eq!(got[4].response.location.as_ref(), Some(&urls[0]));
+
+        // Corrupt the third member's compressed bytes (members alternate request, response).
+        let mut bytes = std::fs::read(&path).unwrap();
+        let starts: Vec<usize> = bytes
+            .windows(3)
+            .enumerate()
+            .filter(|(_, w)| *w == b"\x1f\x8b\x08")
+            .map(|(i, _)| i)
+            .collect();
+        let victim = starts[5]; // the response record of p2
+        for b in &mut bytes[victim + 20..victim + 40] {
+            *b ^= 0x5a;
+        }
+        // And truncate the file inside the last member.
+        bytes.truncate(bytes.len() - 30);
+        std::fs::write(&path, &bytes).unwrap();
+        let (got, issues) = read(&path, 1 << 20).unwrap();
+        let urls_got: Vec<&str> = got.iter().map(|r| r.url.as_str()).collect();
+        assert_eq!(urls_got, ["http://h.test/p0", "http://h.test/p1", "http://h.test/p3"]);
+        assert_eq!(issues.len(), 2, "{issues:?}");
+        assert_eq!(issues[0].offset, victim as u64);
+        assert!(
+            issues[0]
+                .to_string()
+                .starts_with(&format!("{}: at byte {victim}: corrupt gzip member", path.display())),
+            "{}",
+            issues[0]
+        );
+        assert_eq!(issues[1].offset, starts[9] as u64);
+    }
+
+    #[test]
+    fn plain_warc_chunked_and_gzipped_payloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("other-tool.warc");
+        let gz_body = {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            e.write_all(b"<title>zipped</title>").unwrap();
+            e.finish().unwrap()
+        };
+        let mut http1 =
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n\r\n"
+                .to_vec();
+        http1.extend_from_slice(b"7\r\n<title>\r\n8\r\nchunked<\r\n7\r\n/title>\r\n0\r\n\r\n");
+        let mut http2 = format!("HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n", gz_body.len()).into_bytes();
+        http2.extend_from_slice(&gz_body);
+        let mut file = Vec::new();
+        for (u, payload) in [("http://h.test/a", http1), ("http://h.test/b", http2)] {
+            let record = RecordBuilder::default()
+                .warc_type(RecordType::Response)
+                .header(WarcHeader::TargetURI, u)
+                .header(WarcHeader::ContentType, "application/http; msgtype=response")
+                .body(payload)
+                .build()
+                .unwrap();
+            let mut w = WarcWriter::new(io::BufWriter::new(Vec::new()));
+            w.write(&record).unwrap();
+            file.extend(w.into_inner().unwrap());
+        }
+        std::fs::write(&path, &file).unwrap();
+        let (got, issues) = read(&path, 1 << 20).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        assert_eq!(&got[0].response.body[..], b"<title>chunked</title>");
+        assert_eq!(&got[1].response.body[..], b"<title>zipped</title>");
+    }
+
+    #[test]
+    fn missing_file_is_a_clear_error() {
+        let err = read(Path::new("/nonexistent/crawl.warc.gz"), 1).unwrap_err();
+        assert!(err.to_string().starts_with("/nonexistent/crawl.warc.gz: "), "{err}");
+    }
+}
