@@ -7,6 +7,7 @@
 pub mod fetch;
 pub mod parse;
 pub mod robots;
+pub mod source;
 pub mod urls;
 pub mod warc;
 
@@ -15,4 +16,5 @@ pub use fetch::{
 };
 pub use parse::{content_hash, decode, parse, Link, ParsedPage};
 pub use robots::{RobotsCache, Verdict};
+pub use source::{Crawler, Fetched, Source};
 pub use urls::{normalize, resolve, Scope};

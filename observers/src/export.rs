@@ -1,0 +1,54 @@
+//! export: keeps the serving copy of each page current (SPEC §6.6).
+//!
+//! - Trigger: `export:dirty` of `p:<url>` (weak: set by parse, rank, cluster and forward).
+//! - Reads: `page:meta`, `page:canonical`, `rank:indeg`, `fwd:inlinks`.
+//! - Writes: `export:line`, the page's JSON line, or removes it when the URL is not (or no
+//!   longer) a page.
+//! - Notifies: nobody; `perc export` reads these lines in URL order.
+//! - Twice is harmless: the line is a function of the current cells, written only if changed.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_notify::{Observer, ObserverError};
+use perc_txn::Transaction;
+
+use crate::model::{self, col, ExportLine, Inlink, Meta};
+
+pub struct Export;
+
+#[async_trait]
+impl Observer for Export {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        _column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        let Some(url) = model::url_of(row) else { return Ok(()) };
+        let meta = model::get_json::<Meta>(txn, row, col::META).await?.unwrap_or_default();
+        if meta.kind != "page" {
+            model::delete_if_present(txn, row, col::EXPORT_LINE).await?;
+            return Ok(());
+        }
+        let canonical =
+            txn.get(row, col::CANONICAL).await?.map(|c| String::from_utf8_lossy(&c).into_owned());
+        let in_degree = txn
+            .get(row, col::INDEG)
+            .await?
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+            .unwrap_or(0);
+        let inlinks =
+            model::get_json::<Vec<Inlink>>(txn, row, col::FWD_INLINKS).await?.unwrap_or_default();
+        let line = ExportLine {
+            url: url.to_string(),
+            canonical: canonical.unwrap_or_else(|| url.to_string()),
+            content_hash: meta.content_hash,
+            title: meta.title,
+            in_degree,
+            noindex: meta.noindex,
+            inlinks,
+        };
+        model::set_json_if_changed(txn, row, col::EXPORT_LINE, &line).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,57 @@
+//! forward: anchor forwarding to the canonical (SPEC §6.4): the canonical page carries the
+//! inlinks of every member of its cluster (and of their aliases).
+//!
+//! - Trigger: `fwd:dirty` of `p:<url>` (weak: set by cluster).
+//! - Reads: the page's `page:canonical` and `page:hash`, the cluster's members, and each
+//!   member's `rank:inlinks`.
+//! - Writes: `fwd:inlinks` = the union of the members' inlinks, sorted by (from, to), if the
+//!   page is its cluster's canonical; otherwise removes it.
+//! - Notifies: the page's export (weakly) when `fwd:inlinks` changed.
+//! - Twice is harmless: a function of the current rows, written only when different.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_notify::{Observer, ObserverError};
+use perc_txn::Transaction;
+
+use crate::cluster::members;
+use crate::model::{self, col, Inlink};
+
+pub struct Forward;
+
+#[async_trait]
+impl Observer for Forward {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        _column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        let Some(url) = model::url_of(row) else { return Ok(()) };
+        let canonical = txn.get(row, col::CANONICAL).await?.unwrap_or_default();
+        let hash = String::from_utf8_lossy(&txn.get(row, col::HASH).await?.unwrap_or_default())
+            .into_owned();
+        let changed = if hash.is_empty() || canonical != url.as_bytes() {
+            model::delete_if_present(txn, row, col::FWD_INLINKS).await?
+        } else {
+            let members = members(txn, &hash).await?;
+            let keys: Vec<(Bytes, Bytes)> = members
+                .iter()
+                .map(|m| (model::page(m), Bytes::from_static(col::OWN_INLINKS)))
+                .collect();
+            let mut all: Vec<Inlink> = Vec::new();
+            for v in txn.get_many(&keys).await?.into_iter().flatten() {
+                let part: Vec<Inlink> = serde_json::from_slice(&v)
+                    .map_err(|e| ObserverError::Failed(format!("rank:inlinks: {e}")))?;
+                all.extend(part);
+            }
+            all.sort();
+            all.dedup();
+            model::set_json_if_changed(txn, row, col::FWD_INLINKS, &all).await?
+        };
+        if changed {
+            txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,66 @@
+//! invert: link inversion. A page's outlinks become inlink rows of their targets.
+//!
+//! - Trigger: `page:links` of `p:<source>` (strong).
+//! - Reads: the links, and `invert:done` (the links inverted last time).
+//! - Writes: for each target added, or whose anchor changed, `e:<target>\0<source>` =
+//!   anchor; for each target no longer linked, deletes that row; then `invert:done`.
+//! - Notifies: each affected target's `rank:dirty` (weakly: a page every page links to is a
+//!   hot row, and weak notifications never conflict).
+//! - Twice is harmless: the diff against `invert:done` is empty the second time.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_notify::{Observer, ObserverError};
+use perc_txn::Transaction;
+
+use crate::model::{self, col};
+
+pub struct Invert;
+
+#[async_trait]
+impl Observer for Invert {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        _column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        let Some(source) = model::url_of(row) else { return Ok(()) };
+        let now: BTreeMap<String, String> =
+            model::get_json::<Vec<(String, String)>>(txn, row, col::LINKS)
+                .await?
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+        let before: BTreeMap<String, String> =
+            model::get_json::<Vec<(String, String)>>(txn, row, col::INVERT_DONE)
+                .await?
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+        if now == before {
+            return Ok(());
+        }
+        for (target, anchor) in &now {
+            if before.get(target) != Some(anchor) {
+                txn.set(model::edge(target, source), Bytes::from_static(col::EDGE), anchor.clone());
+                txn.notify(model::page(target), Bytes::from_static(col::RANK_DIRTY));
+            }
+        }
+        for target in before.keys() {
+            if !now.contains_key(target) {
+                txn.delete(model::edge(target, source), Bytes::from_static(col::EDGE));
+                txn.notify(model::page(target), Bytes::from_static(col::RANK_DIRTY));
+            }
+        }
+        let done: Vec<(String, String)> = now.into_iter().collect();
+        txn.set(
+            row.clone(),
+            Bytes::from_static(col::INVERT_DONE),
+            serde_json::to_vec(&done).expect("serializable"),
+        );
+        Ok(())
+    }
+}

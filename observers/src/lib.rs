@@ -1,0 +1,212 @@
+//! The indexing pipeline: ten observers, each doing one job and writing what the next one
+//! watches (SPEC §6), and the loaders and queries around them.
+//!
+//! ```text
+//!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► page:hash ─► dedup ─┐
+//!     (replay writes crawl:raw directly)                 ├─► page:links ─► invert ┤ rank:dirty
+//!                                                        ├─► page:redirect ─► alias ┘   │
+//!                                                        └─► page:follow ─► discover    ▼
+//!                        export ◄─ forward ◄─ cluster ◄──────────── cluster:dirty ◄─ rank
+//!                        (every stage that changes what a page shows notifies export)
+//! ```
+//!
+//! Every derived value is recomputed from the rows it depends on whenever one of them changes,
+//! and written only if it differs, so once the workers are quiescent the export is the same
+//! whatever order the changes came in: that of a fresh run over the final state of the web.
+
+pub mod alias;
+pub mod cluster;
+pub mod dedup;
+pub mod discover;
+pub mod export;
+pub mod fetch;
+pub mod forward;
+pub mod invert;
+pub mod model;
+pub mod parse;
+pub mod rank;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use perc_crawl::Source;
+use perc_notify::{NotifyKind, Registry, RegistryError};
+use perc_txn::{Client, TxnError};
+use url::Url;
+
+use model::{col, CrawlScope, ExportLine, Meta, Want};
+
+/// Every observer of the pipeline, fetching through `source`.
+pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
+    let mut r = Registry::new();
+    r.register("fetch", col::WANT, NotifyKind::Strong, Arc::new(fetch::Fetch { source }))?;
+    r.register("parse", col::RAW, NotifyKind::Strong, Arc::new(parse::Parse))?;
+    r.register("dedup", col::HASH, NotifyKind::Strong, Arc::new(dedup::Dedup))?;
+    r.register("invert", col::LINKS, NotifyKind::Strong, Arc::new(invert::Invert))?;
+    r.register("alias", col::REDIRECT, NotifyKind::Strong, Arc::new(alias::Alias))?;
+    r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
+    r.register("rank", col::RANK_DIRTY, NotifyKind::Weak, Arc::new(rank::Rank))?;
+    r.register("cluster", col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
+    r.register("forward", col::FWD_DIRTY, NotifyKind::Weak, Arc::new(forward::Forward))?;
+    r.register("export", col::EXPORT_DIRTY, NotifyKind::Weak, Arc::new(export::Export))?;
+    Ok(r)
+}
+
+/// Rows written per loader transaction.
+const LOAD_BATCH: usize = 100;
+
+/// Starts (or restarts) a crawl: records its scope, and puts the seeds in the frontier with a
+/// new generation, so that seeds already fetched are fetched again.
+pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<(), TxnError> {
+    let mut t = client.begin().await?;
+    t.set(
+        Bytes::from_static(model::CONFIG_ROW),
+        Bytes::from_static(col::SCOPE),
+        serde_json::to_vec(scope).expect("serializable"),
+    );
+    t.commit().await?;
+    for chunk in seeds.chunks(LOAD_BATCH) {
+        let mut t = client.begin().await?;
+        let gen = t.start_ts().0;
+        for s in chunk {
+            let want = Want { depth: 0, gen, hops: 0 };
+            t.set(
+                model::page(s.as_str()),
+                Bytes::from_static(col::WANT),
+                serde_json::to_vec(&want).expect("serializable"),
+            );
+        }
+        t.commit().await?;
+    }
+    Ok(())
+}
+
+/// Fetches known pages again (their want gets a new generation, keeping its depth). Returns
+/// the URLs that are not known.
+pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, TxnError> {
+    let mut unknown = Vec::new();
+    for chunk in urls.chunks(LOAD_BATCH) {
+        let mut t = client.begin().await?;
+        let gen = t.start_ts().0;
+        for u in chunk {
+            let row = model::page(u.as_str());
+            match model::get_json::<Want>(&t, &row, col::WANT).await? {
+                Some(mut want) => {
+                    want.gen = gen;
+                    t.set(
+                        row,
+                        Bytes::from_static(col::WANT),
+                        serde_json::to_vec(&want).expect("serializable"),
+                    );
+                }
+                None => unknown.push(u.clone()),
+            }
+        }
+        t.commit().await?;
+    }
+    Ok(unknown)
+}
+
+/// Every URL in the frontier, in order.
+pub async fn known_urls(client: &Client) -> Result<Vec<Url>, TxnError> {
+    let t = client.begin().await?;
+    Ok(t.scan(b"p:", b"p;", col::WANT)
+        .await?
+        .into_iter()
+        .filter_map(|(row, _)| model::url_of(&row).and_then(|u| Url::parse(u).ok()))
+        .collect())
+}
+
+/// Loads recorded responses as if just fetched (depth 0): `perc replay`.
+pub async fn load_recorded(
+    client: &Client,
+    recorded: &[perc_crawl::warc::Recorded],
+) -> Result<(), TxnError> {
+    for chunk in recorded.chunks(LOAD_BATCH) {
+        let mut t = client.begin().await?;
+        for r in chunk {
+            let head = model::RawHead {
+                status: Some(r.response.status),
+                content_type: r.response.content_type.clone(),
+                charset: r.response.charset.clone(),
+                location: r.response.location.as_ref().map(Url::to_string),
+                ..model::RawHead::default()
+            };
+            t.set(
+                model::page(r.url.as_str()),
+                Bytes::from_static(col::RAW),
+                model::encode_raw(&head, &r.response.body),
+            );
+        }
+        t.commit().await?;
+    }
+    Ok(())
+}
+
+/// The export snapshot: every page's line, in URL order.
+pub async fn export(client: &Client) -> Result<Vec<ExportLine>, TxnError> {
+    let t = client.begin().await?;
+    t.scan(b"p:", b"p;", col::EXPORT_LINE)
+        .await?
+        .into_iter()
+        .map(|(_, v)| {
+            serde_json::from_slice(&v).map_err(|e| TxnError::Corrupt(format!("export line: {e}")))
+        })
+        .collect()
+}
+
+/// What perc knows about one URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PageInfo {
+    Page(ExportLine),
+    /// Fetched (or loaded) but not a page: why.
+    NotAPage(Meta),
+    /// In the frontier, not fetched yet.
+    Pending,
+    Unknown,
+}
+
+pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, TxnError> {
+    let t = client.begin().await?;
+    let row = model::page(url.as_str());
+    if let Some(line) = model::get_json::<ExportLine>(&t, &row, col::EXPORT_LINE).await? {
+        return Ok(PageInfo::Page(line));
+    }
+    if let Some(meta) = model::get_json::<Meta>(&t, &row, col::META).await? {
+        return Ok(PageInfo::NotAPage(meta));
+    }
+    if t.get(&row, col::WANT).await?.is_some() || t.get(&row, col::RAW).await?.is_some() {
+        return Ok(PageInfo::Pending);
+    }
+    Ok(PageInfo::Unknown)
+}
+
+/// The canonical URL of a page, of a duplicate, or of an alias (following redirects).
+/// `Err` names what the URL is instead when it has none.
+pub async fn canonical(client: &Client, url: &Url) -> Result<Result<String, String>, TxnError> {
+    let t = client.begin().await?;
+    let mut current = url.to_string();
+    for _ in 0..=rank::ALIAS_HOPS_MAX {
+        let row = model::page(&current);
+        let meta = model::get_json::<Meta>(&t, &row, col::META).await?;
+        match meta {
+            None => {
+                return Ok(Err(if current == url.as_str() {
+                    format!("{url} is not known to this index")
+                } else {
+                    format!("{url} redirects to {current}, which is not known to this index")
+                }))
+            }
+            Some(m) if m.kind == "page" => {
+                let c = t
+                    .get(&row, col::CANONICAL)
+                    .await?
+                    .map(|c| String::from_utf8_lossy(&c).into_owned());
+                return Ok(Ok(c.unwrap_or(current)));
+            }
+            Some(m) if m.kind == "redirect" => current = m.redirect_to.unwrap_or_default(),
+            Some(m) => return Ok(Err(format!("{current} is not a page: {}", m.reason))),
+        }
+    }
+    Ok(Err(format!("{url}: too many redirects")))
+}

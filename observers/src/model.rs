@@ -1,0 +1,243 @@
+//! The pipeline's data: row keys, column names, and the records stored in them.
+//!
+//! ```text
+//!   row                      columns (transactional)                     written by
+//!   p:<url>                  crawl:want   {depth, gen, hops}             loader, discover
+//!                            crawl:raw    fetch outcome + body           fetch, replay loader
+//!                            page:meta    kind, reason, title, noindex…  parse
+//!                            page:links   [[target, anchor]]             parse
+//!                            page:follow  {depth, hops, targets}         parse
+//!                            page:hash    content hash ("" if no page)   parse
+//!                            page:redirect target ("" if none)           parse
+//!                            page:canonical                              cluster
+//!                            rank:indeg, rank:inlinks                    rank
+//!                            fwd:inlinks  the cluster's inlinks          forward
+//!                            export:line  the serving copy (JSON)        export
+//!                            dedup:registered, invert:done, alias:done   their observers' memory
+//!   e:<target>\0<source>     edge:anchor                                 invert
+//!   r:<target>\0<source>     alias:from   (source redirects to target)   alias
+//!   c:<hash>                 cluster:canonical                           cluster
+//!   c:<hash>\0<url>          cluster:member                              dedup
+//!   m:config                 crawl:scope  {seeds, prefixes, limits}      loader
+//! ```
+//!
+//! Inlinks live in rows of their own under the target's prefix, so that a page every page
+//! links to is many small rows, not one huge one; readers get them with a prefix scan. Hot
+//! rows (`rank:dirty`, `cluster:dirty`, `fwd:dirty`, `export:dirty`) are only ever notified
+//! weakly: many writers, no conflicts.
+
+use bytes::Bytes;
+use perc_txn::{Transaction, TxnError};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+pub mod col {
+    pub const WANT: &[u8] = b"crawl:want";
+    pub const RAW: &[u8] = b"crawl:raw";
+    pub const META: &[u8] = b"page:meta";
+    pub const LINKS: &[u8] = b"page:links";
+    pub const FOLLOW: &[u8] = b"page:follow";
+    pub const HASH: &[u8] = b"page:hash";
+    pub const REDIRECT: &[u8] = b"page:redirect";
+    pub const CANONICAL: &[u8] = b"page:canonical";
+    pub const DEDUP_DONE: &[u8] = b"dedup:registered";
+    pub const INVERT_DONE: &[u8] = b"invert:done";
+    pub const ALIAS_DONE: &[u8] = b"alias:done";
+    pub const RANK_DIRTY: &[u8] = b"rank:dirty";
+    pub const INDEG: &[u8] = b"rank:indeg";
+    pub const OWN_INLINKS: &[u8] = b"rank:inlinks";
+    pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
+    pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
+    pub const MEMBER: &[u8] = b"cluster:member";
+    pub const EDGE: &[u8] = b"edge:anchor";
+    pub const ALIAS_FROM: &[u8] = b"alias:from";
+    pub const FWD_DIRTY: &[u8] = b"fwd:dirty";
+    pub const FWD_INLINKS: &[u8] = b"fwd:inlinks";
+    pub const EXPORT_DIRTY: &[u8] = b"export:dirty";
+    pub const EXPORT_LINE: &[u8] = b"export:line";
+    pub const SCOPE: &[u8] = b"crawl:scope";
+}
+
+pub fn page(url: &str) -> Bytes {
+    Bytes::from(format!("p:{url}"))
+}
+
+/// The URL of a page row.
+pub fn url_of(row: &[u8]) -> Option<&str> {
+    std::str::from_utf8(row.strip_prefix(b"p:")?).ok()
+}
+
+pub fn edge(target: &str, source: &str) -> Bytes {
+    Bytes::from(format!("e:{target}\0{source}"))
+}
+
+/// The row range `[start, end)` of rows `<prefix><key>\0…`.
+pub fn children(prefix: &str, key: &str) -> (Vec<u8>, Vec<u8>) {
+    (format!("{prefix}{key}\0").into_bytes(), format!("{prefix}{key}\u{1}").into_bytes())
+}
+
+/// The part of a child row after `<prefix><key>\0`.
+pub fn child_key(row: &[u8]) -> Option<&str> {
+    let at = row.iter().position(|b| *b == 0)?;
+    std::str::from_utf8(&row[at + 1..]).ok()
+}
+
+pub fn redirect_in(target: &str, source: &str) -> Bytes {
+    Bytes::from(format!("r:{target}\0{source}"))
+}
+
+pub fn cluster_head(hash: &str) -> Bytes {
+    Bytes::from(format!("c:{hash}"))
+}
+
+pub fn member(hash: &str, url: &str) -> Bytes {
+    Bytes::from(format!("c:{hash}\0{url}"))
+}
+
+pub const CONFIG_ROW: &[u8] = b"m:config";
+
+/// A frontier entry: fetch this URL. `gen` changes when a fetch is asked for again.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Want {
+    pub depth: u32,
+    pub gen: u64,
+    /// Redirect hops that led here.
+    pub hops: u32,
+}
+
+/// What a fetch produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawHead {
+    pub status: Option<u16>,
+    pub content_type: Option<String>,
+    pub charset: Option<String>,
+    pub location: Option<String>,
+    /// Why there is no response (unreachable, timeout, too large, robots…).
+    pub error: Option<String>,
+    pub depth: u32,
+    pub hops: u32,
+}
+
+/// `crawl:raw` = JSON head, a newline, then the body bytes as received.
+pub fn encode_raw(head: &RawHead, body: &[u8]) -> Bytes {
+    let mut out = serde_json::to_vec(head).expect("serializable");
+    out.push(b'\n');
+    out.extend_from_slice(body);
+    Bytes::from(out)
+}
+
+pub fn decode_raw(raw: &Bytes) -> Result<(RawHead, Bytes), String> {
+    let at = raw.iter().position(|b| *b == b'\n').ok_or("raw record without a head")?;
+    let head = serde_json::from_slice(&raw[..at]).map_err(|e| format!("raw record head: {e}"))?;
+    Ok((head, raw.slice(at + 1..)))
+}
+
+/// What the page is, as `perc page` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    /// "page", "redirect" or "other".
+    pub kind: String,
+    /// For anything but a page: why not.
+    pub reason: String,
+    pub status: Option<u16>,
+    pub title: String,
+    pub noindex: bool,
+    pub content_hash: String,
+    pub canonical_hint: Option<String>,
+    pub refresh: Option<String>,
+    pub redirect_to: Option<String>,
+    pub encoding: String,
+}
+
+/// Targets for link discovery.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Follow {
+    pub depth: u32,
+    pub hops: u32,
+    /// Links to follow (one hop deeper).
+    pub links: Vec<String>,
+    /// A redirect's target (same depth, one more hop).
+    pub redirect: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Inlink {
+    pub from: String,
+    pub to: String,
+    pub anchor: String,
+}
+
+/// One line of the export (SPEC §6.6), fields in the documented order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportLine {
+    pub url: String,
+    pub canonical: String,
+    pub content_hash: String,
+    pub title: String,
+    pub in_degree: u64,
+    pub noindex: bool,
+    pub inlinks: Vec<Inlink>,
+}
+
+/// Crawl settings the observers need, stored once per store.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CrawlScope {
+    pub seeds: Vec<String>,
+    pub prefixes: Vec<String>,
+    pub max_depth: u32,
+    pub max_redirects: u32,
+}
+
+pub async fn get_json<T: DeserializeOwned>(
+    txn: &Transaction,
+    row: &[u8],
+    column: &[u8],
+) -> Result<Option<T>, TxnError> {
+    match txn.get(row, column).await? {
+        None => Ok(None),
+        Some(raw) => serde_json::from_slice(&raw)
+            .map(Some)
+            .map_err(|e| TxnError::Corrupt(format!("{}/{}: {e}", raw_show(row), raw_show(column)))),
+    }
+}
+
+fn raw_show(b: &[u8]) -> String {
+    b.escape_ascii().to_string()
+}
+
+/// Writes `value` unless the cell already holds exactly it; returns whether it wrote.
+pub async fn set_if_changed(
+    txn: &mut Transaction,
+    row: &Bytes,
+    column: &'static [u8],
+    value: Bytes,
+) -> Result<bool, TxnError> {
+    if txn.get(row, column).await?.as_ref() == Some(&value) {
+        return Ok(false);
+    }
+    txn.set(row.clone(), Bytes::from_static(column), value);
+    Ok(true)
+}
+
+pub async fn set_json_if_changed<T: Serialize>(
+    txn: &mut Transaction,
+    row: &Bytes,
+    column: &'static [u8],
+    value: &T,
+) -> Result<bool, TxnError> {
+    set_if_changed(txn, row, column, Bytes::from(serde_json::to_vec(value).expect("serializable")))
+        .await
+}
+
+/// Deletes the cell unless it is already absent; returns whether it deleted.
+pub async fn delete_if_present(
+    txn: &mut Transaction,
+    row: &Bytes,
+    column: &'static [u8],
+) -> Result<bool, TxnError> {
+    if txn.get(row, column).await?.is_none() {
+        return Ok(false);
+    }
+    txn.delete(row.clone(), Bytes::from_static(column));
+    Ok(true)
+}

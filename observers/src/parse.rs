@@ -1,0 +1,100 @@
+//! parse: a raw page becomes what the index needs to know about it.
+//!
+//! - Trigger: `crawl:raw` of `p:<url>` (strong).
+//! - Reads: the raw record.
+//! - Writes (each only if it changed): `page:meta` (kind, reason, title, noindex, hash,
+//!   hints), `page:links` (one `[target, anchor]` per distinct target, sorted), `page:follow`
+//!   (what discovery may follow), `page:hash` (content hash, "" unless a page),
+//!   `page:redirect` (the redirect target, "" if none).
+//! - Notifies: dedup (`page:hash`), invert (`page:links`), alias (`page:redirect`), discover
+//!   (`page:follow`), and export (weakly) when the meta changed.
+//! - Twice is harmless: the same raw record gives the same values, and unchanged values are
+//!   not written, so nothing downstream runs.
+//!
+//! A page is a 2xx `text/html` response; a 3xx with a Location is a redirect (its source
+//! becomes an alias of the target); anything else is recorded with its reason.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_notify::{Observer, ObserverError};
+use perc_txn::Transaction;
+
+use crate::model::{self, col, Follow, Meta};
+
+pub struct Parse;
+
+#[async_trait]
+impl Observer for Parse {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        _column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        let Some(url_text) = model::url_of(row) else { return Ok(()) };
+        let Some(raw) = txn.get(row, col::RAW).await? else { return Ok(()) };
+        let (head, body) = model::decode_raw(&raw).map_err(ObserverError::Failed)?;
+        let url = url::Url::parse(url_text)
+            .map_err(|e| ObserverError::Failed(format!("bad row URL: {e}")))?;
+        let mut meta = Meta { status: head.status, ..Meta::default() };
+        let mut links: Vec<(String, String)> = Vec::new();
+        let mut follow = Follow { depth: head.depth, hops: head.hops, ..Follow::default() };
+        let status = head.status.unwrap_or(0);
+        let html = matches!(
+            head.content_type.as_deref(),
+            Some("text/html") | Some("application/xhtml+xml")
+        );
+        if let Some(error) = &head.error {
+            meta.kind = "other".into();
+            meta.reason = error.clone();
+        } else if (300..400).contains(&status) && head.location.is_some() {
+            let target = head.location.clone().and_then(|l| perc_crawl::normalize(&l).ok());
+            match target {
+                Some(t) if t != url => {
+                    meta.kind = "redirect".into();
+                    meta.reason = format!("HTTP {status} redirect to {t}");
+                    meta.redirect_to = Some(t.to_string());
+                    follow.redirect = Some(t.to_string());
+                }
+                _ => {
+                    meta.kind = "other".into();
+                    meta.reason =
+                        format!("HTTP {status} redirect to an invalid or identical location");
+                }
+            }
+        } else if !(200..300).contains(&status) {
+            meta.kind = "other".into();
+            meta.reason = format!("HTTP {status}");
+        } else if !html {
+            meta.kind = "other".into();
+            meta.reason =
+                format!("not HTML ({})", head.content_type.as_deref().unwrap_or("no Content-Type"));
+        } else {
+            let parsed = perc_crawl::parse(&url, &body, head.charset.as_deref());
+            meta.kind = "page".into();
+            meta.title = parsed.title;
+            meta.noindex = parsed.noindex;
+            meta.content_hash = perc_crawl::content_hash(&body);
+            meta.canonical_hint = parsed.canonical.map(|u| u.to_string());
+            meta.refresh = parsed.refresh.map(|u| u.to_string());
+            meta.encoding = parsed.encoding.to_string();
+            for link in parsed.links {
+                if link.follow {
+                    follow.links.push(link.target.to_string());
+                }
+                links.push((link.target.to_string(), link.anchor));
+            }
+            links.sort();
+            follow.links.sort();
+        }
+        if model::set_json_if_changed(txn, row, col::META, &meta).await? {
+            txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
+        }
+        model::set_json_if_changed(txn, row, col::LINKS, &links).await?;
+        model::set_json_if_changed(txn, row, col::FOLLOW, &follow).await?;
+        model::set_if_changed(txn, row, col::HASH, Bytes::from(meta.content_hash.clone())).await?;
+        let redirect = meta.redirect_to.clone().unwrap_or_default();
+        model::set_if_changed(txn, row, col::REDIRECT, Bytes::from(redirect)).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+//! rank: a page's in-degree and its own inlinks.
+//!
+//! - Trigger: `rank:dirty` of `p:<url>` (weak: set by invert and alias on every change of the
+//!   page's inlinks or aliases; a popular page is a hot row).
+//! - Reads: `page:redirect`; the alias set (`r:` rows, followed hop by hop); every inlink row
+//!   `e:<url or alias>\0<source>`.
+//! - Writes: `rank:indeg` (distinct other source pages linking to the page or an alias) and
+//!   `rank:inlinks` (those edges, sorted by (from, to)), each only if it changed. An alias
+//!   instead passes the notification on to its redirect target, and holds no rank itself.
+//! - Notifies: the page's cluster head (`cluster:dirty`) and its export, weakly, on a change.
+//! - Twice is harmless: the values are recomputed from the current rows; unchanged, nothing
+//!   is written or notified.
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_notify::{Observer, ObserverError};
+use perc_txn::Transaction;
+
+use crate::model::{self, col, Inlink};
+
+/// How many redirect hops an alias may be from its page (more than any redirect limit).
+pub const ALIAS_HOPS_MAX: usize = 16;
+
+pub struct Rank;
+
+#[async_trait]
+impl Observer for Rank {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        _column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        let Some(url) = model::url_of(row) else { return Ok(()) };
+        let redirect = txn.get(row, col::REDIRECT).await?.unwrap_or_default();
+        if !redirect.is_empty() {
+            let target = String::from_utf8_lossy(&redirect).into_owned();
+            txn.notify(model::page(&target), Bytes::from_static(col::RANK_DIRTY));
+            let a = model::delete_if_present(txn, row, col::INDEG).await?;
+            let b = model::delete_if_present(txn, row, col::OWN_INLINKS).await?;
+            if a || b {
+                notify_downstream(txn, row).await?;
+            }
+            return Ok(());
+        }
+        let names = alias_set(txn, url).await?;
+        let mut inlinks = Vec::new();
+        for name in &names {
+            let (start, end) = model::children("e:", name);
+            for (edge_row, anchor) in txn.scan(&start, &end, col::EDGE).await? {
+                let Some(source) = model::child_key(&edge_row) else { continue };
+                inlinks.push(Inlink {
+                    from: source.to_string(),
+                    to: name.clone(),
+                    anchor: String::from_utf8_lossy(&anchor).into_owned(),
+                });
+            }
+        }
+        inlinks.sort();
+        let in_degree = inlinks
+            .iter()
+            .filter(|l| l.from != url)
+            .map(|l| l.from.as_str())
+            .collect::<BTreeSet<_>>()
+            .len();
+        let a =
+            model::set_if_changed(txn, row, col::INDEG, Bytes::from(in_degree.to_string())).await?;
+        let b = model::set_json_if_changed(txn, row, col::OWN_INLINKS, &inlinks).await?;
+        if a || b {
+            notify_downstream(txn, row).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn notify_downstream(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
+    let hash = txn.get(row, col::HASH).await?.unwrap_or_default();
+    if !hash.is_empty() {
+        txn.notify(
+            model::cluster_head(&String::from_utf8_lossy(&hash)),
+            Bytes::from_static(col::CLUSTER_DIRTY),
+        );
+    }
+    txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
+    Ok(())
+}
+
+/// The page's URL and every URL whose redirect chain ends at it.
+pub async fn alias_set(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, ObserverError> {
+    let mut names: BTreeSet<String> = BTreeSet::from([url.to_string()]);
+    let mut frontier = vec![url.to_string()];
+    for _ in 0..ALIAS_HOPS_MAX {
+        let mut next = Vec::new();
+        for name in &frontier {
+            let (start, end) = model::children("r:", name);
+            for (r, _) in txn.scan(&start, &end, col::ALIAS_FROM).await? {
+                if let Some(source) = model::child_key(&r) {
+                    if names.insert(source.to_string()) {
+                        next.push(source.to_string());
+                    }
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        frontier = next;
+    }
+    Ok(names)
+}
