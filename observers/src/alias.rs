@@ -4,7 +4,7 @@
 //! - Reads: the redirect target ("" if none), and `alias:done` (the target recorded last time).
 //! - Writes: `r:<target>\0<source>` (removing the old target's row), and `alias:done`.
 //! - Notifies: the old and new targets' `rank:dirty` (weakly): their alias sets, and so their
-//!   in-degrees and inlinks, changed; and the source's own. Chains (a → b → c) resolve in rank, hop by hop.
+//!   in-degrees and inlinks, changed (parse tells the source's own rank). Chains (a → b → c) resolve in rank, hop by hop.
 //! - Twice is harmless: nothing changes when the target equals `alias:done`.
 
 use async_trait::async_trait;
@@ -46,8 +46,6 @@ impl Observer for Alias {
             );
             txn.notify(model::page(&new), Bytes::from_static(col::RANK_DIRTY));
         }
-        // The source itself: it became an alias (its rank goes) or a page again (it has one).
-        txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
         txn.set(row.clone(), Bytes::from_static(col::ALIAS_DONE), target);
         Ok(())
     }

@@ -7,7 +7,8 @@
 //!   (what discovery may follow), `page:hash` (content hash, "" unless a page),
 //!   `page:redirect` (the redirect target, "" if none).
 //! - Notifies: dedup (`page:hash`), invert (`page:links`), alias (`page:redirect`), discover
-//!   (`page:follow`), and export (weakly) when the meta changed.
+//!   (`page:follow`); weakly, export when the meta changed and the page's own rank when its
+//!   redirect changed (rank branches on it; alias only notifies the targets).
 //! - Twice is harmless: the same raw record gives the same values, and unchanged values are
 //!   not written, so nothing downstream runs.
 //!
@@ -94,7 +95,10 @@ impl Observer for Parse {
         model::set_json_if_changed(txn, row, col::FOLLOW, &follow).await?;
         model::set_if_changed(txn, row, col::HASH, Bytes::from(meta.content_hash.clone())).await?;
         let redirect = meta.redirect_to.clone().unwrap_or_default();
-        model::set_if_changed(txn, row, col::REDIRECT, Bytes::from(redirect)).await?;
+        if model::set_if_changed(txn, row, col::REDIRECT, Bytes::from(redirect)).await? {
+            // rank decides from this whether the page is an alias; alias only tells targets.
+            txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
+        }
         Ok(())
     }
 }

@@ -1,12 +1,14 @@
 //! rank: a page's in-degree and its own inlinks.
 //!
 //! - Trigger: `rank:dirty` of `p:<url>` (weak: set by invert and alias on every change of the
-//!   page's inlinks or aliases; a popular page is a hot row).
+//!   page's inlinks or aliases, and by parse when the page starts or stops redirecting; a
+//!   popular page is a hot row).
 //! - Reads: `page:redirect`; the alias set (`r:` rows, followed hop by hop); every inlink row
 //!   `e:<url or alias>\0<source>`.
 //! - Writes: `rank:indeg` (distinct other source pages linking to the page or an alias) and
 //!   `rank:inlinks` (those edges, sorted by (from, to)), each only if it changed. An alias
-//!   instead passes the notification on to its redirect target, and holds no rank itself.
+//!   instead passes the notification on to the end of its redirect chain (not hop by hop,
+//!   which would circle forever around a redirect cycle), and holds no rank itself.
 //! - Notifies: the page's cluster head (`cluster:dirty`) and its export, weakly, on a change.
 //! - Twice is harmless: the values are recomputed from the current rows; unchanged, nothing
 //!   is written or notified.
@@ -36,8 +38,11 @@ impl Observer for Rank {
         let Some(url) = model::url_of(row) else { return Ok(()) };
         let redirect = txn.get(row, col::REDIRECT).await?.unwrap_or_default();
         if !redirect.is_empty() {
-            let target = String::from_utf8_lossy(&redirect).into_owned();
-            txn.notify(model::page(&target), Bytes::from_static(col::RANK_DIRTY));
+            // Tell the end of the chain, not the next hop: hop-by-hop forwarding would circle
+            // forever around a redirect cycle. A cycle has no end, and no page to tell.
+            if let Some(end) = chain_end(txn, &String::from_utf8_lossy(&redirect)).await? {
+                txn.notify(model::page(&end), Bytes::from_static(col::RANK_DIRTY));
+            }
             let a = model::delete_if_present(txn, row, col::INDEG).await?;
             let b = model::delete_if_present(txn, row, col::OWN_INLINKS).await?;
             if a || b {
@@ -85,6 +90,24 @@ async fn notify_downstream(txn: &mut Transaction, row: &Bytes) -> Result<(), Obs
     }
     txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
     Ok(())
+}
+
+/// Where a redirect chain starting at `first` ends: the first URL that does not redirect.
+/// `None` for a cycle or a chain longer than [`ALIAS_HOPS_MAX`].
+pub async fn chain_end(txn: &Transaction, first: &str) -> Result<Option<String>, ObserverError> {
+    let mut current = first.to_string();
+    let mut seen = BTreeSet::new();
+    for _ in 0..=ALIAS_HOPS_MAX {
+        if !seen.insert(current.clone()) {
+            return Ok(None);
+        }
+        let next = txn.get(&model::page(&current), col::REDIRECT).await?.unwrap_or_default();
+        if next.is_empty() {
+            return Ok(Some(current));
+        }
+        current = String::from_utf8_lossy(&next).into_owned();
+    }
+    Ok(None)
 }
 
 /// The page's URL and every URL whose redirect chain ends at it.
