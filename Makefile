@@ -3,10 +3,9 @@ CARGO ?= cargo
 
 .PHONY: run test lint bench golden
 
-# The transactional core's demo on the embedded sled store under ./data (the crawl demo of
-# SPEC §1 replaces it when the indexing pipeline lands).
+# Serve the bundled demo site on 127.0.0.1, crawl and index it into ./data, print answers.
 run:
-	$(CARGO) run --release -p perc-txn --example bank -- ./data/bank
+	$(CARGO) run --release -p perc-cli -- --data ./data demo
 
 # Every test, every backend, every feature.
 # (Doc tests first, so that the run closes with nextest's summary of every test.)

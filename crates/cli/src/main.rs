@@ -1,0 +1,362 @@
+//! `perc`: the binary. Arguments parse once into a validated configuration; the library
+//! crates do the work; only this crate prints.
+
+mod app;
+mod config;
+mod site;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
+use perc_observers::model::CrawlScope;
+use perc_observers::PageInfo;
+use url::Url;
+
+use app::{App, Fetching};
+
+#[derive(Parser)]
+#[command(
+    name = "perc",
+    version,
+    about = "Incremental web indexing on Percolator-style transactions and observers"
+)]
+struct Cli {
+    /// The store directory (overrides store.data).
+    #[arg(long, global = true)]
+    data: Option<PathBuf>,
+    /// A TOML file layered over the embedded defaults.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Overrides one configuration key: --set crawl.max_depth=3 (repeatable).
+    #[arg(long = "set", global = true, value_name = "SECTION.KEY=VALUE")]
+    sets: Vec<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Crawl and index from a seed list until the frontier is empty and nothing is pending.
+    Crawl {
+        /// One URL a line; `#` starts a comment.
+        #[arg(long)]
+        seeds: PathBuf,
+        /// Narrows the scope to URLs starting with this (repeatable).
+        #[arg(long = "prefix")]
+        prefixes: Vec<String>,
+        /// Records every request and response into this WARC (.warc.gz).
+        #[arg(long)]
+        warc_out: Option<PathBuf>,
+    },
+    /// Load recorded responses from WARC files and index them.
+    Replay { files: Vec<PathBuf> },
+    /// Print the canonical URL of a page (exit 1 if the page is unknown).
+    Canonical { url: String },
+    /// Print a page's indexed record as JSON.
+    Page { url: String },
+    /// Write the export snapshot as JSON Lines, sorted by URL.
+    Export {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Fetch known pages again and update the index incrementally.
+    Refetch {
+        urls: Vec<String>,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Pages, clusters, pending notifications, per-observer counters.
+    Status,
+    /// Process pending notifications until none is left.
+    Wait,
+    /// Serve the bundled demo site on 127.0.0.1, crawl it, and show what perc knows.
+    Demo {
+        /// The site directory.
+        #[arg(long, default_value = "fixtures/sites/demo")]
+        site: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn load_config(cli: &Cli) -> Result<config::Config> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let mut c = config::load(cli.config.as_deref(), &env, &cli.sets)?;
+    if let Some(d) = &cli.data {
+        c.store.data = d.display().to_string();
+    }
+    Ok(c)
+}
+
+fn parse_url(raw: &str) -> Result<Url> {
+    perc_crawl::normalize(raw).map_err(|e| anyhow!(e))
+}
+
+/// Reads a seed list: one URL a line, `#` comments, blank lines ignored.
+fn read_seeds(path: &Path) -> Result<Vec<Url>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the seed list {}", path.display()))?;
+    let mut seeds = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        seeds.push(
+            perc_crawl::normalize(line)
+                .map_err(|e| anyhow!("{} line {}: {e}", path.display(), n + 1))?,
+        );
+    }
+    if seeds.is_empty() {
+        bail!("the seed list {} has no URL", path.display());
+    }
+    Ok(seeds)
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let config = load_config(&cli)?;
+    match cli.command {
+        Command::Crawl { seeds, prefixes, warc_out } => {
+            let seeds = read_seeds(&seeds)?;
+            let recorder =
+                warc_out.as_deref().map(perc_crawl::warc::Recorder::create).transpose()?;
+            let app = App::open(config, Fetching::Live { warc_out: recorder }).await?;
+            crawl(&app, &seeds, &prefixes).await?;
+            app.close().await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Replay { files } => {
+            if files.is_empty() {
+                bail!("replay needs at least one WARC file");
+            }
+            let app = App::open(config, Fetching::Offline).await?;
+            let mut problems = 0;
+            let mut loaded = 0;
+            for f in &files {
+                let (records, issues) = perc_crawl::warc::read(f, app.config.crawl.body_bytes_max)?;
+                for i in &issues {
+                    eprintln!("warning: {i}");
+                }
+                problems += issues.len();
+                loaded += records.len();
+                perc_observers::load_recorded(&app.client, &records).await?;
+            }
+            let s = app.run_until_quiet("replay").await?;
+            println!(
+                "replayed {loaded} responses from {} file(s) in {:.1}s; {} pages indexed",
+                files.len(),
+                s.seconds,
+                count_pages(&app).await?
+            );
+            app.close().await?;
+            if problems > 0 {
+                eprintln!("{problems} record(s) could not be read (see the warnings above); the others were indexed");
+                return Ok(ExitCode::from(1));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Canonical { url } => {
+            let url = parse_url(&url)?;
+            let app = App::open(config, Fetching::Offline).await?;
+            let answer = perc_observers::canonical(&app.client, &url).await?;
+            app.close().await?;
+            match answer {
+                Ok(c) => {
+                    println!("{c}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(why) => {
+                    eprintln!("{why}");
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+        Command::Page { url } => {
+            let url = parse_url(&url)?;
+            let app = App::open(config, Fetching::Offline).await?;
+            let info = perc_observers::page_info(&app.client, &url).await?;
+            app.close().await?;
+            match info {
+                PageInfo::Page(line) => println!("{}", serde_json::to_string(&line)?),
+                PageInfo::NotAPage(meta) => println!(
+                    "{}",
+                    serde_json::json!({"url": url.as_str(), "kind": meta.kind, "reason": meta.reason, "status": meta.status, "redirect_to": meta.redirect_to})
+                ),
+                PageInfo::Pending => println!(
+                    "{}",
+                    serde_json::json!({"url": url.as_str(), "kind": "pending", "reason": "in the frontier, not fetched yet"})
+                ),
+                PageInfo::Unknown => {
+                    eprintln!("{url} is not known to this index");
+                    return Ok(ExitCode::from(1));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export { out } => {
+            let app = App::open(config, Fetching::Offline).await?;
+            let lines = perc_observers::export(&app.client).await?;
+            write_export(&out, &lines)?;
+            println!("exported {} pages to {}", lines.len(), out.display());
+            app.close().await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Refetch { urls, all } => {
+            let app = App::open(config, Fetching::Live { warc_out: None }).await?;
+            let targets: Vec<Url> = if all {
+                perc_observers::known_urls(&app.client).await?
+            } else {
+                if urls.is_empty() {
+                    bail!("refetch needs URLs, or --all");
+                }
+                urls.iter().map(|u| parse_url(u)).collect::<Result<_>>()?
+            };
+            let unknown = perc_observers::refetch(&app.client, &targets).await?;
+            for u in &unknown {
+                eprintln!("warning: {u} is not known to this index; not fetched");
+            }
+            let s = app.run_until_quiet("refetch").await?;
+            println!(
+                "refetched {} pages in {:.1}s; {} pages indexed",
+                targets.len() - unknown.len(),
+                s.seconds,
+                count_pages(&app).await?
+            );
+            app.close().await?;
+            Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Status => {
+            let app = App::open(config, Fetching::Offline).await?;
+            status(&app).await?;
+            app.close().await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Wait => {
+            let app = App::open(config, Fetching::Live { warc_out: None }).await?;
+            app.run_until_quiet("wait").await?;
+            app.close().await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo { site } => demo(config, &site).await,
+    }
+}
+
+async fn crawl(app: &App, seeds: &[Url], prefixes: &[String]) -> Result<()> {
+    let mut all_prefixes = app.config.crawl.prefixes.clone();
+    all_prefixes.extend(prefixes.iter().cloned());
+    let scope = CrawlScope {
+        seeds: seeds.iter().map(Url::to_string).collect(),
+        prefixes: all_prefixes,
+        max_depth: app.config.crawl.max_depth,
+        max_redirects: app.config.crawl.max_redirects,
+    };
+    perc_observers::seed(&app.client, seeds, &scope).await?;
+    let s = app.run_until_quiet("crawl").await?;
+    println!(
+        "crawled {} URLs in {:.1}s ({:.1} pages/s); {} pages indexed; {} observer failures",
+        s.fetched,
+        s.seconds,
+        s.fetched as f64 / s.seconds.max(0.001),
+        count_pages(app).await?,
+        s.failures
+    );
+    Ok(())
+}
+
+async fn count_pages(app: &App) -> Result<usize> {
+    Ok(perc_observers::export(&app.client).await?.len())
+}
+
+fn write_export(out: &Path, lines: &[perc_observers::model::ExportLine]) -> Result<()> {
+    let tmp = out.with_extension("jsonl.tmp");
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?,
+    );
+    for l in lines {
+        serde_json::to_writer(&mut f, l)?;
+        f.write_all(b"\n")?;
+    }
+    f.into_inner().map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?.sync_all()?;
+    std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(())
+}
+
+async fn status(app: &App) -> Result<()> {
+    let t = app.client.begin().await?;
+    let pages = t.scan(b"p:", b"p;", perc_observers::model::col::EXPORT_LINE).await?.len();
+    let clusters = t.scan(b"c:", b"c;", perc_observers::model::col::CLUSTER_CANONICAL).await?.len();
+    let frontier = t.scan(b"p:", b"p;", perc_observers::model::col::WANT).await?.len();
+    let pending = app.engine.pending_count(1_000_000).await?;
+    println!("pages indexed:          {pages}");
+    println!("duplicate clusters:     {clusters}");
+    println!("URLs in the frontier:   {frontier}");
+    println!("pending notifications:  {pending}");
+    let stats: std::collections::BTreeMap<String, [u64; 6]> =
+        match t.get(b"m:stats", b"stats:observers").await? {
+            Some(v) => serde_json::from_slice(&v)?,
+            None => Default::default(),
+        };
+    println!(
+        "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "observer", "runs", "commits", "skipped", "conflicts", "failures", "parked"
+    );
+    for (name, [runs, commits, skipped, conflicts, failures, parked]) in &stats {
+        println!("{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7}");
+    }
+    let failed = app.engine.failed_list().await?;
+    if !failed.is_empty() {
+        println!("\nparked notifications ({}):", failed.len());
+        for f in failed {
+            println!("  {} {}: {}", f.row.escape_ascii(), f.column.escape_ascii(), f.detail);
+        }
+    }
+    Ok(())
+}
+
+async fn demo(config: config::Config, site: &Path) -> Result<ExitCode> {
+    if !site.is_dir() {
+        bail!(
+            "the demo site {} does not exist (run from the repository's top directory)",
+            site.display()
+        );
+    }
+    let served = site::serve(site).await?;
+    let base = served.base();
+    println!("serving {} at {base}", site.display());
+    let app = App::open(config, Fetching::Live { warc_out: None }).await?;
+    crawl(&app, &[base.clone()], &[]).await?;
+    println!();
+    for path in
+        ["", "about.html", "copy-of-about.html", "old-about", "missing.html", "private/secret.html"]
+    {
+        let url = base.join(path)?;
+        match perc_observers::canonical(&app.client, &url).await? {
+            Ok(c) => println!("perc canonical {url}\n  -> {c}"),
+            Err(why) => println!("perc canonical {url}\n  -> ({why})"),
+        }
+    }
+    println!();
+    status(&app).await?;
+    app.close().await?;
+    Ok(ExitCode::SUCCESS)
+}
