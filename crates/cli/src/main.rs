@@ -344,7 +344,7 @@ async fn demo(config: config::Config, site: &Path) -> Result<ExitCode> {
     let base = served.base();
     println!("serving {} at {base}", site.display());
     let app = App::open(config, Fetching::Live { warc_out: None }).await?;
-    crawl(&app, &[base.clone()], &[]).await?;
+    crawl(&app, std::slice::from_ref(&base), &[]).await?;
     println!();
     for path in
         ["", "about.html", "copy-of-about.html", "old-about", "missing.html", "private/secret.html"]
