@@ -23,3 +23,4 @@ bench:
 # Rewrite the recorded output of the golden scripts; review the diff before committing.
 golden:
 	UPDATE_GOLDENFILES=1 $(CARGO) test -p perc-txn --test golden
+	UPDATE_GOLDENFILES=1 $(CARGO) test -p perc-cli --test e2e

@@ -1,10 +1,6 @@
 //! `perc`: the binary. Arguments parse once into a validated configuration; the library
 //! crates do the work; only this crate prints.
 
-mod app;
-mod config;
-mod site;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -15,7 +11,8 @@ use perc_observers::model::CrawlScope;
 use perc_observers::PageInfo;
 use url::Url;
 
-use app::{App, Fetching};
+use perc_cli::app::{App, Fetching};
+use perc_cli::{config, site};
 
 #[derive(Parser)]
 #[command(

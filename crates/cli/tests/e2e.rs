@@ -1,0 +1,284 @@
+//! End to end, through the `perc` binary: crawl the fixture site served on 127.0.0.1 (export
+//! equals the golden file), replay the WARC the crawl recorded (same export), incremental
+//! refetch after a change set (equals a fresh crawl of v2), canonical answers, bad input.
+//!
+//! Golden files hold `http://demo.test/` where the site's real base URL (a free port) was;
+//! `UPDATE_GOLDENFILES=1` (`make golden`) rewrites them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use perc_cli::site;
+
+const PERC: &str = env!("CARGO_BIN_EXE_perc");
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn perc(data: &Path, args: &[&str]) -> Output {
+    Command::new(PERC)
+        .arg("--config")
+        .arg(root().join("config/test.toml"))
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run perc")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "perc failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// Serves `dir` for the duration of a test.
+struct Site {
+    _rt: tokio::runtime::Runtime,
+    served: site::Served,
+}
+
+impl Site {
+    fn start(dir: &Path) -> Site {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let served = rt.block_on(site::serve(dir)).unwrap();
+        Site { _rt: rt, served }
+    }
+    fn base(&self) -> String {
+        self.served.base().to_string()
+    }
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base())
+    }
+}
+
+fn export(data: &Path, out: &Path) -> String {
+    ok(&perc(data, &["export", "--out", out.to_str().unwrap()]));
+    std::fs::read_to_string(out).unwrap()
+}
+
+fn seeds(dir: &Path, urls: &[String]) -> PathBuf {
+    let f = dir.join("seeds.txt");
+    std::fs::write(&f, format!("# the demo site\n\n{}\n", urls.join("\n"))).unwrap();
+    f
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = root().join("fixtures/golden").join(name);
+    if std::env::var("UPDATE_GOLDENFILES").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("{} is missing: run make golden", path.display()));
+    assert!(
+        want == actual,
+        "export differs from {}:\n--- want\n{want}\n--- got\n{actual}",
+        path.display()
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn crawl_matches_golden_and_replay_matches_crawl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let warc = tmp.path().join("crawl.warc.gz");
+    let crawl_data = tmp.path().join("crawl");
+    let s = seeds(tmp.path(), &[site.base()]);
+    let out = ok(&perc(
+        &crawl_data,
+        &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", warc.to_str().unwrap()],
+    ));
+    assert!(out.contains("pages indexed"), "{out}");
+    let crawled = export(&crawl_data, &tmp.path().join("crawl.jsonl"));
+    golden("demo.jsonl", &crawled.replace(&site.base(), "http://demo.test/"));
+
+    let replay_data = tmp.path().join("replay");
+    ok(&perc(&replay_data, &["replay", warc.to_str().unwrap()]));
+    let replayed = export(&replay_data, &tmp.path().join("replay.jsonl"));
+    assert_eq!(replayed, crawled, "replaying the recorded crawl gives the same export");
+
+    // canonical: a page, a duplicate, an alias, an unknown URL.
+    let canon = |u: &str| perc(&crawl_data, &["canonical", &site.url(u)]);
+    assert_eq!(ok(&canon("about.html")).trim(), site.url("about.html"));
+    assert_eq!(ok(&canon("copy-of-about.html")).trim(), site.url("about.html"));
+    assert_eq!(ok(&canon("old-about")).trim(), site.url("about.html"));
+    let unknown = canon("never-linked.html");
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&unknown.stderr).trim(),
+        format!("{} is not known to this index", site.url("never-linked.html"))
+    );
+    let private = canon("private/secret.html");
+    assert_eq!(private.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&private.stderr).contains("disallowed by robots.txt"));
+
+    // page: the export line, or why not.
+    let page = ok(&perc(&crawl_data, &["page", &site.url("missing.html")]));
+    assert!(page.contains("\"reason\":\"HTTP 404\""), "{page}");
+    let page = ok(&perc(&crawl_data, &["page", &site.url("blog/post1.html")]));
+    assert!(page.contains("\"noindex\":true"), "{page}");
+    let status = ok(&perc(&crawl_data, &["status"]));
+    assert!(status.contains("pending notifications:  0"), "{status}");
+}
+
+#[test]
+fn refetch_after_a_change_set_equals_a_fresh_crawl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let web = tmp.path().join("web");
+    copy_dir(&root().join("fixtures/sites/demo"), &web);
+    let site = Site::start(&web);
+    let s = seeds(tmp.path(), &[site.base()]);
+    let incremental = tmp.path().join("incremental");
+    ok(&perc(&incremental, &["crawl", "--seeds", s.to_str().unwrap()]));
+    let v1 = export(&incremental, &tmp.path().join("v1.jsonl"));
+
+    // The change set: files replaced or added, and `_deleted` listing files removed.
+    let changes = root().join("fixtures/changes/v2");
+    copy_dir(&changes, &web);
+    let deleted = std::fs::read_to_string(web.join("_deleted")).unwrap();
+    let mut changed: Vec<String> = Vec::new();
+    for f in deleted.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        std::fs::remove_file(web.join(f)).unwrap();
+        changed.push(site.url(f));
+    }
+    for entry in walk(&changes) {
+        let rel = entry.strip_prefix(&changes).unwrap().to_str().unwrap().to_string();
+        if rel != "_deleted" {
+            changed.push(site.url(&rel));
+        }
+    }
+    let mut args = vec!["refetch"];
+    args.extend(changed.iter().map(String::as_str));
+    ok(&perc(&incremental, &args));
+    let v2_incremental = export(&incremental, &tmp.path().join("v2-incremental.jsonl"));
+    assert_ne!(v1, v2_incremental, "the change set changed the export");
+
+    let fresh = tmp.path().join("fresh");
+    ok(&perc(&fresh, &["crawl", "--seeds", s.to_str().unwrap()]));
+    let v2_fresh = export(&fresh, &tmp.path().join("v2-fresh.jsonl"));
+    assert_eq!(v2_incremental, v2_fresh, "incremental refetch equals a fresh crawl of v2");
+    golden("demo-v2.jsonl", &v2_fresh.replace(&site.base(), "http://demo.test/"));
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn bad_input_is_named_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let data = tmp.path().join("store");
+    let warc = tmp.path().join("crawl.warc.gz");
+    let s = seeds(tmp.path(), &[site.base()]);
+    ok(&perc(
+        &data,
+        &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", warc.to_str().unwrap()],
+    ));
+    let before = export(&data, &tmp.path().join("before.jsonl"));
+
+    // A seed list with an invalid URL: named by file and line; nothing crawled, nothing lost.
+    let bad = tmp.path().join("bad-seeds.txt");
+    std::fs::write(&bad, format!("{}\nnot a url\n", site.base())).unwrap();
+    let out = perc(&data, &["crawl", "--seeds", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{} line 2: invalid URL \"not a url\"", bad.display())), "{err}");
+    std::fs::write(&bad, "ftp://example.test/\n").unwrap();
+    let err =
+        String::from_utf8_lossy(&perc(&data, &["crawl", "--seeds", bad.to_str().unwrap()]).stderr)
+            .into_owned();
+    assert!(err.contains("line 1: unsupported URL scheme \"ftp\""), "{err}");
+
+    // A bad config file and a bad override.
+    let cfg = tmp.path().join("bad.toml");
+    std::fs::write(&cfg, "[crawl]\nmax_depth = -1x\n").unwrap();
+    let out = Command::new(PERC)
+        .args(["--config", cfg.to_str().unwrap(), "--data", data.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not valid TOML"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = perc(&data, &["--set", "crawl.max_depth=deep", "status"]);
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("crawl.max_depth must be a integer, not \"deep\""));
+
+    // An invalid URL argument, an unknown page.
+    let out = perc(&data, &["canonical", "::nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid URL \"::nope\""));
+    assert_eq!(perc(&data, &["page", "http://unknown.test/"]).status.code(), Some(1));
+
+    // A corrupt WARC: the bad member is named by file and offset; the rest is indexed.
+    let mut bytes = std::fs::read(&warc).unwrap();
+    let starts: Vec<usize> = bytes
+        .windows(3)
+        .enumerate()
+        .filter(|(_, w)| *w == b"\x1f\x8b\x08")
+        .map(|(i, _)| i)
+        .collect();
+    let victim = starts[starts.len() / 2];
+    for b in &mut bytes[victim + 12..victim + 30] {
+        *b ^= 0xff;
+    }
+    let corrupt = tmp.path().join("corrupt.warc.gz");
+    std::fs::write(&corrupt, &bytes).unwrap();
+    let replay = tmp.path().join("replay");
+    let out = perc(&replay, &["replay", corrupt.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}: at byte {victim}: corrupt gzip member", corrupt.display())),
+        "{err}"
+    );
+    let replayed = export(&replay, &tmp.path().join("replayed.jsonl"));
+    assert!(
+        replayed.lines().count() >= before.lines().count() - 1,
+        "the good records were indexed:\n{replayed}"
+    );
+    let out = perc(&replay, &["replay", tmp.path().join("nonexistent.warc.gz").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nonexistent.warc.gz: No such file"));
+
+    // After all that, the first store still holds what it held.
+    assert_eq!(export(&data, &tmp.path().join("after.jsonl")), before);
+}
