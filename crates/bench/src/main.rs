@@ -6,6 +6,7 @@
 
 mod core;
 mod notify;
+mod pipeline;
 mod table;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,8 @@ enum Suite {
     Core,
     /// Notifications: processing rate and scan cost (issue: observer framework).
     Notify,
+    /// The indexing pipeline: replay and crawl throughput, store operations per page.
+    Pipeline,
     /// Every suite.
     All,
 }
@@ -35,9 +38,11 @@ fn main() -> anyhow::Result<()> {
     match args.suite.unwrap_or(Suite::All) {
         Suite::Core => core::run(args.scale),
         Suite::Notify => notify::run(args.scale),
+        Suite::Pipeline => pipeline::run(args.scale),
         Suite::All => {
             core::run(args.scale)?;
-            notify::run(args.scale)
+            notify::run(args.scale)?;
+            pipeline::run(args.scale)
         }
     }
 }

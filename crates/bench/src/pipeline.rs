@@ -1,0 +1,250 @@
+//! The indexing pipeline's figures: replay throughput end to end (load, then quiescence) on
+//! a generated site, against the bare work of parsing, hashing and extracting links from the
+//! same pages with no store (the physical limit); crawl throughput against the same site
+//! served on 127.0.0.1; store operations per indexed page.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use bytes::Bytes;
+use perc_crawl::warc::Recorded;
+use perc_crawl::{
+    Crawler, FetchLimits, HttpFetcher, Polite, PolitenessConfig, Response, RobotsCache, Source,
+};
+use perc_notify::{client_for, Engine, NotifyConfig, Workers};
+use perc_observers::model::CrawlScope;
+use perc_oracle::{LocalOracle, Oracle};
+use perc_store::{Counted, OpCounts, SledOptions, SledStore, Store};
+use perc_txn::{Clock, SystemClock, TxnConfig};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use url::Url;
+
+use crate::table::{rate, scaled, Table};
+
+const WORDS: [&str; 16] = [
+    "index", "page", "widget", "gadget", "crawl", "order", "shipping", "price", "review", "about",
+    "news", "story", "market", "garden", "river", "stone",
+];
+
+/// A site of `n` pages: ~10 KB of text, 10-30 links with a skewed choice of targets (a few
+/// pages get most links), 5% exact duplicates, 2% redirects, 2% links to missing pages.
+fn site(n: usize, seed: u64) -> Vec<(String, Response)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let path = |i: usize| format!("/p/{i}.html");
+    let mut out: Vec<(String, Response)> = Vec::with_capacity(n);
+    let mut bodies: Vec<Bytes> = Vec::new();
+    for i in 0..n {
+        let r = if i > 0 && rng.random_bool(0.02) {
+            Response {
+                status: 301,
+                content_type: Some("text/html".into()),
+                charset: None,
+                location: Some(
+                    Url::parse(&format!("http://site.test{}", path(rng.random_range(0..n))))
+                        .unwrap(),
+                ),
+                retry_after_s: None,
+                body: Bytes::new(),
+            }
+        } else {
+            let body = if !bodies.is_empty() && rng.random_bool(0.05) {
+                bodies[rng.random_range(0..bodies.len())].clone()
+            } else {
+                let mut b = format!(
+                    "<!doctype html><html><head><title>Page {i} {}</title></head><body>",
+                    WORDS[i % 16]
+                );
+                for _ in 0..rng.random_range(10..30) {
+                    // Skewed targets: squaring a uniform draw favours small page numbers.
+                    let u: f64 = rng.random();
+                    let t = if rng.random_bool(0.02) {
+                        n + rng.random_range(0..100)
+                    } else {
+                        ((u * u) * n as f64) as usize
+                    };
+                    b.push_str(&format!(
+                        "<p>{}</p><a href=\"{}\">{} {}</a>\n",
+                        text(&mut rng, 60),
+                        path(t),
+                        WORDS[t % 16],
+                        t
+                    ));
+                }
+                b.push_str("</body></html>");
+                let b = Bytes::from(b);
+                bodies.push(b.clone());
+                b
+            };
+            Response {
+                status: 200,
+                content_type: Some("text/html".into()),
+                charset: Some("utf-8".into()),
+                location: None,
+                retry_after_s: None,
+                body,
+            }
+        };
+        out.push((path(i), r));
+    }
+    out
+}
+
+fn text(rng: &mut StdRng, words: usize) -> String {
+    (0..words).map(|_| WORDS[rng.random_range(0..16)]).collect::<Vec<_>>().join(" ")
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    store: Arc<Counted<Arc<dyn Store>>>,
+    engine: Arc<Engine>,
+    client: perc_txn::Client,
+}
+
+async fn setup(source: Arc<dyn Source>) -> Result<Setup> {
+    let dir = tempfile::tempdir()?;
+    let sled: Arc<dyn Store> =
+        Arc::new(SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default())?);
+    let store = Arc::new(Counted::new(sled));
+    let dyn_store: Arc<dyn Store> = store.clone();
+    let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(dyn_store.clone(), 1_000_000).await?);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let registry = Arc::new(perc_observers::registry(source)?);
+    let ec = client_for(
+        dyn_store.clone(),
+        oracle.clone(),
+        clock.clone(),
+        TxnConfig::default(),
+        registry.clone(),
+    )
+    .await?;
+    let client =
+        client_for(dyn_store, oracle, clock, TxnConfig::default(), registry.clone()).await?;
+    let config = NotifyConfig { concurrency: 32, gc_interval_ms: 0, ..NotifyConfig::default() };
+    Ok(Setup { _dir: dir, store, engine: Arc::new(Engine::new(ec, registry, config)), client })
+}
+
+struct Offline;
+
+#[async_trait::async_trait]
+impl Source for Offline {
+    async fn get(&self, _: &Url) -> perc_crawl::Fetched {
+        perc_crawl::Fetched::Failed("offline".into())
+    }
+}
+
+async fn quiesce(s: &Setup) -> Result<()> {
+    let workers = Workers::start(s.engine.clone(), &tokio::runtime::Handle::current());
+    workers.wait().await?;
+    workers.shutdown().await;
+    Ok(())
+}
+
+fn ops_note(before: OpCounts, after: OpCounts, pages: usize) -> String {
+    let per = (after.row_ops() - before.row_ops()) as f64 / pages as f64;
+    let syncs = (after.sync - before.sync) as f64 / pages as f64;
+    format!("{per:.1} store calls + {syncs:.1} syncs per indexed page")
+}
+
+pub fn run(scale: f64) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        println!(
+            "# perc-bench pipeline (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)"
+        );
+        let n = scaled(3_000, scale) as usize;
+        let pages = site(n, 7);
+        let mut t = Table::new();
+
+        // The physical limit: parse, hash and extract links, nothing stored.
+        let start = Instant::now();
+        let mut links = 0usize;
+        for (p, r) in &pages {
+            let url = Url::parse(&format!("http://site.test{p}"))?;
+            if r.status == 200 {
+                let parsed = perc_crawl::parse(&url, &r.body, r.charset.as_deref());
+                std::hint::black_box(perc_crawl::content_hash(&r.body));
+                links += parsed.links.len();
+            }
+        }
+        let bare = start.elapsed().as_secs_f64();
+        t.add(
+            format!("bare parse + blake3 + links, {n} pages"),
+            rate(n as u64, bare),
+            format!("{links} links; one thread, no store"),
+        );
+
+        // Replay: load every response, run the pipeline to quiescence.
+        let s = setup(Arc::new(Offline)).await?;
+        let recorded: Vec<Recorded> = pages
+            .iter()
+            .map(|(p, r)| Recorded {
+                url: Url::parse(&format!("http://site.test{p}")).unwrap(),
+                response: r.clone(),
+            })
+            .collect();
+        let before = s.store.counts();
+        let start = Instant::now();
+        perc_observers::load_recorded(&s.client, &recorded).await?;
+        quiesce(&s).await?;
+        let replay = start.elapsed().as_secs_f64();
+        let indexed = perc_observers::export(&s.client).await?.len();
+        t.add(
+            format!("replay end to end, {n} pages"),
+            rate(n as u64, replay),
+            format!("{indexed} pages indexed; {}", ops_note(before, s.store.counts(), indexed)),
+        );
+        t.add("replay / bare throughput", format!("{:.2}", bare / replay), "goal >= 0.5");
+
+        // Crawl: the same site served on 127.0.0.1.
+        let dir = tempfile::tempdir()?;
+        for (p, r) in &pages {
+            let f = dir.path().join(p.trim_start_matches('/'));
+            std::fs::create_dir_all(f.parent().unwrap())?;
+            if r.status == 200 {
+                std::fs::write(&f, &r.body)?;
+            }
+        }
+        let redirects: String = pages
+            .iter()
+            .filter(|(_, r)| r.status == 301)
+            .map(|(p, r)| format!("{p} {} 301\n", r.location.as_ref().unwrap().path()))
+            .collect();
+        std::fs::write(dir.path().join("_redirects"), redirects)?;
+        let served = perc_cli::site::serve(dir.path()).await?;
+        let base = served.base();
+        let limits = FetchLimits::default();
+        let polite = Arc::new(Polite::new(
+            HttpFetcher::new(limits).map_err(|e| anyhow::anyhow!("{e}"))?,
+            PolitenessConfig::default(),
+        ));
+        let robots = RobotsCache::new(polite.clone(), "perc", 3_600_000, 1_000);
+        let s = setup(Arc::new(Crawler::new(polite, robots))).await?;
+        let seeds: Vec<Url> =
+            (0..n).step_by(97).map(|i| base.join(&format!("p/{i}.html")).unwrap()).collect();
+        let scope = CrawlScope {
+            seeds: seeds.iter().map(Url::to_string).collect(),
+            prefixes: vec![],
+            max_depth: 20,
+            max_redirects: 5,
+        };
+        let before = s.store.counts();
+        let start = Instant::now();
+        perc_observers::seed(&s.client, &seeds, &scope).await?;
+        quiesce(&s).await?;
+        let crawl = start.elapsed().as_secs_f64();
+        let fetched = s.engine.stats().iter().find(|x| x.name == "fetch").map_or(0, |x| x.commits);
+        let indexed = perc_observers::export(&s.client).await?.len();
+        t.add(
+            format!("crawl of the site on 127.0.0.1, {fetched} URLs fetched"),
+            rate(fetched, crawl),
+            format!(
+                "{indexed} pages indexed; one request at a time per host; {}",
+                ops_note(before, s.store.counts(), indexed)
+            ),
+        );
+        t.print("the indexing pipeline on sled");
+        Ok(())
+    })
+}
