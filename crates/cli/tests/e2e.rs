@@ -282,3 +282,49 @@ fn bad_input_is_named_and_loses_nothing() {
     // After all that, the first store still holds what it held.
     assert_eq!(export(&data, &tmp.path().join("after.jsonl")), before);
 }
+
+/// A crawl killed with SIGKILL at several points, then run again, ends with the export of a
+/// crawl that was never killed. The child's debug log of each observer run is the progress
+/// signal for when to kill it.
+#[test]
+fn a_killed_crawl_restarts_and_finishes_with_the_same_export() {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    for (i, runs_before_kill) in [5usize, 40, 120].into_iter().enumerate() {
+        let data = tmp.path().join(format!("store{i}"));
+        let mut child = Command::new(PERC)
+            .arg("--config")
+            .arg(root().join("config/test.toml"))
+            .arg("--data")
+            .arg(&data)
+            .args(["crawl", "--seeds", s.to_str().unwrap()])
+            .env("RUST_LOG", "perc_notify=debug")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut runs = 0;
+        for line in BufReader::new(stderr).lines() {
+            if line.unwrap().contains("observer ran") {
+                runs += 1;
+                if runs >= runs_before_kill {
+                    child.kill().unwrap(); // SIGKILL
+                    break;
+                }
+            }
+        }
+        child.wait().unwrap();
+        assert_eq!(runs, runs_before_kill, "the crawl ended before it could be killed");
+        ok(&perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]));
+        let got = export(&data, &tmp.path().join(format!("after-kill{i}.jsonl")));
+        assert_eq!(
+            got.replace(&site.base(), "http://demo.test/"),
+            want,
+            "killed after {runs_before_kill} runs"
+        );
+    }
+}

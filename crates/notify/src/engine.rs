@@ -295,6 +295,9 @@ impl Engine {
                     }
                     self.store().mutate_rows(&[notify_delete(p)]).await?;
                     self.succeeded(&key).await?;
+                    if ran {
+                        tracing::debug!(observer = %reg.name, row = %p.row.escape_ascii(), "observer ran");
+                    }
                     return Ok(if ran { RunOutcome::Ran } else { RunOutcome::Skipped });
                 }
                 Err(ObserverError::Txn(e)) if e.is_retryable() => {
