@@ -328,3 +328,26 @@ fn a_killed_crawl_restarts_and_finishes_with_the_same_export() {
         );
     }
 }
+
+/// A WARC written by another tool (GNU Wget 1.21 `--warc-file`, recorded from the demo site
+/// served by Python's http.server) replays too, and perc agrees with itself on content.
+#[test]
+fn a_wget_warc_replays() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("store");
+    let out = ok(&perc(
+        &data,
+        &["replay", root().join("fixtures/crawls/wget-demo.warc.gz").to_str().unwrap()],
+    ));
+    assert!(out.contains("12 pages indexed"), "{out}");
+    let got = export(&data, &tmp.path().join("wget.jsonl"));
+    golden("wget-demo.jsonl", &got);
+    // The home page's content hash is the one perc's own crawl computes.
+    let ours = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    let hash = |text: &str| {
+        text.lines().next().unwrap().split("\"content_hash\":\"").nth(1).unwrap()[..64].to_string()
+    };
+    assert_eq!(hash(&got), hash(&ours));
+    let canon = ok(&perc(&data, &["canonical", "http://127.0.0.1:18931/copy-of-about.html"]));
+    assert_eq!(canon.trim(), "http://127.0.0.1:18931/about.html");
+}
