@@ -111,14 +111,11 @@ async fn setup(source: Arc<dyn Source>) -> Result<Setup> {
     let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(dyn_store.clone(), 1_000_000).await?);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let registry = Arc::new(perc_observers::registry(source)?);
-    let ec = client_for(
-        dyn_store.clone(),
-        oracle.clone(),
-        clock.clone(),
-        TxnConfig::default(),
-        registry.clone(),
-    )
-    .await?;
+    // As in the CLI: observer runs do not flush at their commit point.
+    let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
+    let ec =
+        client_for(dyn_store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
+            .await?;
     let client =
         client_for(dyn_store, oracle, clock, TxnConfig::default(), registry.clone()).await?;
     let config = NotifyConfig { concurrency: 32, gc_interval_ms: 0, ..NotifyConfig::default() };

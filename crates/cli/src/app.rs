@@ -23,6 +23,7 @@ use url::Url;
 use crate::config::Config;
 
 pub struct App {
+    pub store: Arc<dyn Store>,
     pub client: Client,
     pub engine: Arc<Engine>,
     pub config: Config,
@@ -114,10 +115,13 @@ impl App {
             liveness_ttl_ms: config.txn.liveness_ttl_ms,
             ..TxnConfig::default()
         };
+        // Observer runs are acknowledged to nobody: they need not flush at their commit point
+        // (see TxnConfig::sync_commits); the loaders' commits do, and `close` syncs the rest.
+        let relaxed = TxnConfig { sync_commits: false, ..txn.clone() };
         let engine_client =
-            client_for(store.clone(), oracle.clone(), clock.clone(), txn.clone(), registry.clone())
+            client_for(store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
                 .await?;
-        let client = client_for(store, oracle, clock, txn, registry.clone()).await?;
+        let client = client_for(store.clone(), oracle, clock, txn, registry.clone()).await?;
         let w = &config.workers;
         let notify = NotifyConfig {
             scanners: w.scanners,
@@ -132,7 +136,7 @@ impl App {
         };
         let engine = Arc::new(Engine::new(engine_client, registry, notify));
         engine.load_parked().await?;
-        Ok(App { client, engine, config })
+        Ok(App { store, client, engine, config })
     }
 
     /// Runs the workers until no notification is pending; shows progress on a terminal.
@@ -200,6 +204,8 @@ impl App {
     pub async fn close(self) -> Result<()> {
         self.client.deregister().await?;
         self.engine.client().deregister().await?;
+        // Everything the observers committed without a flush is made durable before exit.
+        self.store.sync().await?;
         Ok(())
     }
 }
