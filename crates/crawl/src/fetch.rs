@@ -36,6 +36,18 @@ impl Response {
     }
 }
 
+/// A Content-Type header's media type (lower-cased) and `charset` parameter.
+pub fn split_content_type(header: Option<String>) -> (Option<String>, Option<String>) {
+    let Some(ct) = header else { return (None, None) };
+    let mut parts = ct.split(';');
+    let media = parts.next().map(|m| m.trim().to_ascii_lowercase());
+    let charset = parts
+        .filter_map(|p| p.trim().split_once('='))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("charset"))
+        .map(|(_, v)| v.trim().trim_matches('"').to_string());
+    (media, charset)
+}
+
 /// Why a fetch produced no response.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FetchError {
@@ -117,18 +129,7 @@ impl Fetcher for HttpFetcher {
         let header = |name: reqwest::header::HeaderName| {
             headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
         };
-        let (content_type, charset) = match header(reqwest::header::CONTENT_TYPE) {
-            Some(ct) => {
-                let mut parts = ct.split(';');
-                let media = parts.next().map(|m| m.trim().to_ascii_lowercase());
-                let charset = parts
-                    .filter_map(|p| p.trim().split_once('='))
-                    .find(|(k, _)| k.trim().eq_ignore_ascii_case("charset"))
-                    .map(|(_, v)| v.trim().trim_matches('"').to_string());
-                (media, charset)
-            }
-            None => (None, None),
-        };
+        let (content_type, charset) = split_content_type(header(reqwest::header::CONTENT_TYPE));
         let location = header(reqwest::header::LOCATION).and_then(|l| url.join(&l).ok());
         let retry_after_s =
             header(reqwest::header::RETRY_AFTER).and_then(|r| r.trim().parse().ok());

@@ -200,18 +200,7 @@ pub fn parse_http(url: &Url, raw: &[u8], body_bytes_max: u64) -> Result<Response
     if body.len() as u64 > body_bytes_max {
         return Err(format!("body exceeds the {body_bytes_max}-byte limit"));
     }
-    let (content_type, charset) = match get("content-type") {
-        Some(ct) => {
-            let mut parts = ct.split(';');
-            let media = parts.next().map(|m| m.trim().to_ascii_lowercase());
-            let charset = parts
-                .filter_map(|p| p.trim().split_once('='))
-                .find(|(k, _)| k.trim().eq_ignore_ascii_case("charset"))
-                .map(|(_, v)| v.trim().trim_matches('"').to_string());
-            (media, charset)
-        }
-        None => (None, None),
-    };
+    let (content_type, charset) = crate::fetch::split_content_type(get("content-type"));
     Ok(Response {
         status,
         content_type,
