@@ -193,6 +193,18 @@ pub fn run(scale: f64) -> Result<()> {
             format!("{indexed} pages indexed; {}", ops_note(before, s.store.counts(), indexed)),
         );
         t.add("replay / bare throughput", format!("{:.2}", bare / replay), "goal >= 0.5");
+        for st in s.engine.stats() {
+            t.add(
+                format!("replay: {} runs per indexed page", st.name),
+                format!("{:.2}", st.commits as f64 / indexed as f64),
+                format!(
+                    "{:.2} skipped, {:.3} conflicts per page; mean run {} µs",
+                    st.skipped as f64 / indexed as f64,
+                    st.conflicts as f64 / indexed as f64,
+                    st.latency_us_mean
+                ),
+            );
+        }
 
         // Crawl: the same site served on 127.0.0.1.
         let dir = tempfile::tempdir()?;
