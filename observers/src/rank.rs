@@ -9,7 +9,9 @@
 //!   `rank:inlinks` (those edges, sorted by (from, to)), each only if it changed. An alias
 //!   instead passes the notification on to the end of its redirect chain (not hop by hop,
 //!   which would circle forever around a redirect cycle), and holds no rank itself.
-//! - Notifies: the page's cluster head (`cluster:dirty`) and its export, weakly, on a change.
+//! - Notifies: the page's cluster head (`cluster:dirty`, the cluster dedup registered it in;
+//!   see [`notify_downstream`] for why it rewrites that registration) and its export, weakly,
+//!   on a change.
 //! - Twice is harmless: the values are recomputed from the current rows; unchanged, nothing
 //!   is written or notified.
 
@@ -80,11 +82,19 @@ impl Observer for Rank {
     }
 }
 
+/// Tells the page's cluster and its export that its rank changed.
+///
+/// The cluster is the one dedup has registered the page in (`dedup:registered`), and that
+/// cell is written back unchanged: a write skew otherwise. A concurrent dedup could move the
+/// page to another cluster after this snapshot, that cluster's forward could read our inlinks
+/// before we commit, and we would tell the old cluster. Writing the cell makes the two
+/// transactions conflict, so one of them retries and sees the other.
 async fn notify_downstream(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
-    let hash = txn.get(row, col::HASH).await?.unwrap_or_default();
-    if !hash.is_empty() {
+    let registered = txn.get(row, col::DEDUP_DONE).await?.unwrap_or_default();
+    txn.set(row.clone(), Bytes::from_static(col::DEDUP_DONE), registered.clone());
+    if !registered.is_empty() {
         txn.notify(
-            model::cluster_head(&String::from_utf8_lossy(&hash)),
+            model::cluster_head(&String::from_utf8_lossy(&registered)),
             Bytes::from_static(col::CLUSTER_DIRTY),
         );
     }

@@ -404,3 +404,77 @@ fn canonical_of_a_page_a_duplicate_an_alias_and_an_unknown_url() {
         assert_eq!(canon("http://s.test/nope").await, Err("http://s.test/nope is not known to this index".to_string()));
     });
 }
+
+/// The same property with real concurrency: background workers (several scanners, many runs
+/// in flight, on a multi-threaded runtime) process while the edits land.
+#[test]
+fn incremental_equals_from_scratch_with_concurrent_workers() {
+    let seeds: Vec<u64> = match std::env::var("PERC_SEED") {
+        Ok(s) => vec![s.parse().unwrap()],
+        Err(_) => (0..30).collect(),
+    };
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    for seed in seeds {
+        rt.block_on(async {
+            let mut rng = StdRng::seed_from_u64(50_000 + seed);
+            let n = rng.random_range(3..14);
+            let urls: Vec<String> = (0..n).map(|i| format!("http://site.test/p{i}")).collect();
+            let web = Web::default();
+            let store: Arc<dyn Store> = Arc::new(MemStore::new(perc_notify::schema()));
+            let oracle: Arc<dyn Oracle> =
+                Arc::new(LocalOracle::open(store.clone(), 1000).await.unwrap());
+            let clock: Arc<dyn Clock> = Arc::new(perc_txn::SystemClock);
+            let registry = Arc::new(perc_observers::registry(Arc::new(web.clone())).unwrap());
+            let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
+            let ec =
+                client_for(store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
+                    .await
+                    .unwrap();
+            let client = client_for(store, oracle, clock, TxnConfig::default(), registry.clone())
+                .await
+                .unwrap();
+            let config = NotifyConfig {
+                scanners: 3,
+                concurrency: 8,
+                scan_batch: 8,
+                idle_ms: 1,
+                conflict_retries: 100,
+                gc_interval_ms: 0,
+                ..NotifyConfig::default()
+            };
+            let engine = Arc::new(Engine::new(ec, registry, config));
+            let workers =
+                perc_notify::Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+            let h = Harness {
+                engine: Engine::new(
+                    client.clone(),
+                    Arc::new(perc_notify::Registry::new()),
+                    NotifyConfig::default(),
+                ),
+                client,
+            };
+            let mut bodies = Vec::new();
+            let mut fetched: BTreeMap<String, Response> = BTreeMap::new();
+            for _ in 0..(n + rng.random_range(0..25)) {
+                let u = urls[rng.random_range(0..urls.len())].clone();
+                let r = random_response(&mut rng, &urls, &mut bodies);
+                fetched.insert(u.clone(), r.clone());
+                load(&h, &u, r).await;
+                workers.kick();
+                if rng.random_bool(0.3) {
+                    tokio::task::yield_now().await;
+                }
+            }
+            workers.wait().await.unwrap();
+            workers.shutdown().await;
+            assert!(engine.failed_list().await.unwrap().is_empty(), "seed {seed}");
+            let got = perc_observers::export(&h.client).await.unwrap();
+            assert_eq!(
+                show(&got),
+                show(&reference(&fetched)),
+                "seed {seed}: concurrent workers (replay: PERC_SEED={seed})"
+            );
+        });
+    }
+}
