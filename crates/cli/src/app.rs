@@ -46,6 +46,32 @@ impl Source for Offline {
     }
 }
 
+/// A source with a budget: after `max` fetches in this run, the rest are recorded as not
+/// fetched.
+struct Budget {
+    inner: Arc<dyn Source>,
+    left: std::sync::atomic::AtomicU64,
+    max: u64,
+}
+
+#[async_trait]
+impl Source for Budget {
+    async fn get(&self, url: &Url) -> Fetched {
+        use std::sync::atomic::Ordering;
+        let granted = self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if !granted {
+            return Fetched::Failed(format!(
+                "not fetched: this run reached crawl.max_pages = {}",
+                self.max
+            ));
+        }
+        self.inner.get(url).await
+    }
+}
+
 /// A fetcher that writes every response it gets into a WARC.
 struct Recording<F> {
     inner: F,
@@ -91,7 +117,12 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
     let polite = Arc::new(Polite::new(fetcher, politeness));
     let robots =
         RobotsCache::new(polite.clone(), c.user_agent.clone(), c.robots_ttl_ms, c.robots_retry_ms);
-    Ok(Arc::new(Crawler::new(polite, robots)))
+    let crawler: Arc<dyn Source> = Arc::new(Crawler::new(polite, robots));
+    if c.max_pages == 0 {
+        return Ok(crawler);
+    }
+    let left = std::sync::atomic::AtomicU64::new(c.max_pages);
+    Ok(Arc::new(Budget { inner: crawler, left, max: c.max_pages }))
 }
 
 impl App {

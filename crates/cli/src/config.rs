@@ -30,6 +30,7 @@ pub struct Crawl {
     pub user_agent: String,
     pub max_depth: u32,
     pub max_redirects: u32,
+    pub max_pages: u64,
     pub body_bytes_max: u64,
     pub connect_timeout_ms: u64,
     pub total_timeout_ms: u64,

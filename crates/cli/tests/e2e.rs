@@ -351,3 +351,34 @@ fn a_wget_warc_replays() {
     let canon = ok(&perc(&data, &["canonical", "http://127.0.0.1:18931/copy-of-about.html"]));
     assert_eq!(canon.trim(), "http://127.0.0.1:18931/about.html");
 }
+
+#[test]
+fn max_pages_bounds_a_crawl_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("store");
+    ok(&perc(&data, &["--set", "crawl.max_pages=3", "crawl", "--seeds", s.to_str().unwrap()]));
+    let pages = export(&data, &tmp.path().join("limited.jsonl"));
+    assert!(pages.lines().count() <= 3, "{pages}");
+    assert!(pages.lines().count() >= 1, "the seed was fetched");
+    let status = ok(&perc(&data, &["status"]));
+    assert!(status.contains("pending notifications:  0"), "{status}");
+    // URLs over the budget say so (which ones depends on scheduling; most of them do).
+    let paths = [
+        "about.html",
+        "copy-of-about.html",
+        "products/",
+        "blog/post1.html",
+        "latin1.html",
+        "broken.html",
+        "missing.html",
+    ];
+    let over = paths
+        .iter()
+        .filter(|p| {
+            ok(&perc(&data, &["page", &site.url(p)])).contains("reached crawl.max_pages = 3")
+        })
+        .count();
+    assert!(over >= paths.len() - 2, "only {over} of {} URLs were held back", paths.len());
+}
