@@ -25,28 +25,15 @@ impl Observer for Alias {
         _column: &Bytes,
     ) -> Result<(), ObserverError> {
         let Some(source) = model::url_of(row) else { return Ok(()) };
-        let target = txn.get(row, col::REDIRECT).await?.unwrap_or_default();
-        let done = txn.get(row, col::ALIAS_DONE).await?.unwrap_or_default();
-        if target == done {
-            return Ok(());
-        }
-        let (old, new) = (
-            String::from_utf8_lossy(&done).into_owned(),
-            String::from_utf8_lossy(&target).into_owned(),
-        );
-        if !old.is_empty() {
-            txn.delete(model::redirect_in(&old, source), Bytes::from_static(col::ALIAS_FROM));
-            txn.notify(model::page(&old), Bytes::from_static(col::RANK_DIRTY));
-        }
-        if !new.is_empty() {
-            txn.set(
-                model::redirect_in(&new, source),
-                Bytes::from_static(col::ALIAS_FROM),
-                Bytes::new(),
-            );
-            txn.notify(model::page(&new), Bytes::from_static(col::RANK_DIRTY));
-        }
-        txn.set(row.clone(), Bytes::from_static(col::ALIAS_DONE), target);
+        let redirect = model::Registration {
+            key: col::REDIRECT,
+            registered: col::ALIAS_DONE,
+            child: model::redirect_in,
+            child_column: col::ALIAS_FROM,
+            notify: model::page,
+            notify_column: col::RANK_DIRTY,
+        };
+        model::reregister(txn, row, source, &redirect).await?;
         Ok(())
     }
 }

@@ -27,24 +27,15 @@ impl Observer for Dedup {
         _column: &Bytes,
     ) -> Result<(), ObserverError> {
         let Some(url) = model::url_of(row) else { return Ok(()) };
-        let hash = txn.get(row, col::HASH).await?.unwrap_or_default();
-        let registered = txn.get(row, col::DEDUP_DONE).await?.unwrap_or_default();
-        if hash == registered {
-            return Ok(());
-        }
-        let (old, new) = (
-            String::from_utf8_lossy(&registered).into_owned(),
-            String::from_utf8_lossy(&hash).into_owned(),
-        );
-        if !old.is_empty() {
-            txn.delete(model::member(&old, url), Bytes::from_static(col::MEMBER));
-            txn.notify(model::cluster_head(&old), Bytes::from_static(col::CLUSTER_DIRTY));
-        }
-        if !new.is_empty() {
-            txn.set(model::member(&new, url), Bytes::from_static(col::MEMBER), Bytes::new());
-            txn.notify(model::cluster_head(&new), Bytes::from_static(col::CLUSTER_DIRTY));
-        }
-        txn.set(row.clone(), Bytes::from_static(col::DEDUP_DONE), hash);
+        let membership = model::Registration {
+            key: col::HASH,
+            registered: col::DEDUP_DONE,
+            child: model::member,
+            child_column: col::MEMBER,
+            notify: model::cluster_head,
+            notify_column: col::CLUSTER_DIRTY,
+        };
+        model::reregister(txn, row, url, &membership).await?;
         Ok(())
     }
 }

@@ -241,3 +241,49 @@ pub async fn delete_if_present(
     txn.delete(row.clone(), Bytes::from_static(column));
     Ok(true)
 }
+
+/// A page's registration under a key that another row range is organised by: dedup
+/// registers a page under its content hash (`c:<hash>\0<url>`), alias a redirect under its
+/// target (`r:<target>\0<source>`).
+pub struct Registration {
+    /// The page's column holding the key it should be registered under ("" for none).
+    pub key: &'static [u8],
+    /// The page's column remembering the key it is registered under.
+    pub registered: &'static [u8],
+    /// The registration row for (key, url), and its column.
+    pub child: fn(&str, &str) -> Bytes,
+    pub child_column: &'static [u8],
+    /// The row told, weakly, when a key gains or loses the page, and its column.
+    pub notify: fn(&str) -> Bytes,
+    pub notify_column: &'static [u8],
+}
+
+/// Moves the page's registration from the key it has to the key it should have, telling both
+/// keys' rows. Nothing happens when they are the same, so running it twice is harmless.
+pub async fn reregister(
+    txn: &mut Transaction,
+    row: &Bytes,
+    url: &str,
+    r: &Registration,
+) -> Result<(), TxnError> {
+    let key = txn.get(row, r.key).await?.unwrap_or_default();
+    let registered = txn.get(row, r.registered).await?.unwrap_or_default();
+    if key == registered {
+        return Ok(());
+    }
+    for (k, add) in [(registered.clone(), false), (key.clone(), true)] {
+        if k.is_empty() {
+            continue;
+        }
+        let k = String::from_utf8_lossy(&k).into_owned();
+        let child = (r.child)(&k, url);
+        if add {
+            txn.set(child, Bytes::from_static(r.child_column), Bytes::new());
+        } else {
+            txn.delete(child, Bytes::from_static(r.child_column));
+        }
+        txn.notify((r.notify)(&k), Bytes::from_static(r.notify_column));
+    }
+    txn.set(row.clone(), Bytes::from_static(r.registered), key);
+    Ok(())
+}
