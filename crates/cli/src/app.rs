@@ -14,7 +14,7 @@ use perc_crawl::{
     Crawler, FetchError, FetchLimits, Fetched, Fetcher, HttpFetcher, Polite, PolitenessConfig,
     Response, RobotsCache, Source,
 };
-use perc_notify::{client_for, Engine, NotifyConfig, ObserverStats, Workers};
+use perc_notify::{client_for, Engine, ObserverStats, Workers};
 use perc_oracle::{LocalOracle, Oracle};
 use perc_store::{SledOptions, SledStore, Store};
 use perc_txn::{Client, Clock, SystemClock, TxnConfig};
@@ -153,19 +153,7 @@ impl App {
             client_for(store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
                 .await?;
         let client = client_for(store.clone(), oracle, clock, txn, registry.clone()).await?;
-        let w = &config.workers;
-        let notify = NotifyConfig {
-            scanners: w.scanners,
-            concurrency: w.concurrency,
-            scan_batch: w.scan_batch,
-            conflict_retries: w.conflict_retries,
-            failures_max: w.failures_max,
-            failure_backoff_ms: w.failure_backoff_ms,
-            idle_ms: w.idle_ms,
-            gc_interval_ms: w.gc_interval_ms,
-            seed: 0x0b5e,
-        };
-        let engine = Arc::new(Engine::new(engine_client, registry, notify));
+        let engine = Arc::new(Engine::new(engine_client, registry, config.workers.clone()));
         engine.load_parked().await?;
         Ok(App { store, client, engine, config })
     }

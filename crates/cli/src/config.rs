@@ -13,7 +13,7 @@ pub const DEFAULT: &str = include_str!("../../../config/default.toml");
 pub struct Config {
     pub store: Store,
     pub crawl: Crawl,
-    pub workers: Workers,
+    pub workers: perc_notify::NotifyConfig,
     pub txn: Txn,
 }
 
@@ -40,19 +40,6 @@ pub struct Crawl {
     pub robots_ttl_ms: u64,
     pub robots_retry_ms: u64,
     pub prefixes: Vec<String>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Workers {
-    pub scanners: usize,
-    pub concurrency: usize,
-    pub scan_batch: usize,
-    pub conflict_retries: u32,
-    pub failures_max: u32,
-    pub failure_backoff_ms: u64,
-    pub idle_ms: u64,
-    pub gc_interval_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]

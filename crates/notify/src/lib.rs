@@ -50,8 +50,10 @@ pub fn schema() -> Schema {
     schema
 }
 
-/// Tuning; durations in milliseconds.
-#[derive(Clone, Debug)]
+/// Tuning; durations in milliseconds. Deserializes from the `[workers]` section of perc's
+/// configuration; a key left out keeps its default.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct NotifyConfig {
     /// Scanner tasks walking the notify family.
     pub scanners: usize,
