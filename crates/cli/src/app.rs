@@ -198,11 +198,8 @@ impl App {
     /// Adds this run's counters to the ones stored (shown by `perc status`).
     async fn save_stats(&self) -> Result<()> {
         let mut t = self.client.begin().await?;
-        let mut all: std::collections::BTreeMap<String, [u64; 6]> =
-            match t.get(b"m:stats", b"stats:observers").await? {
-                Some(v) => serde_json::from_slice(&v).unwrap_or_default(),
-                None => Default::default(),
-            };
+        // A counter record that cannot be read starts over rather than stopping the run.
+        let mut all = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?).unwrap_or_default();
         for s in self.engine.stats() {
             let e = all.entry(s.name.clone()).or_default();
             for (slot, add) in
@@ -212,8 +209,8 @@ impl App {
             }
         }
         t.set(
-            Bytes::from_static(b"m:stats"),
-            Bytes::from_static(b"stats:observers"),
+            Bytes::from_static(STATS_ROW),
+            Bytes::from_static(STATS_COLUMN),
             serde_json::to_vec(&all)?,
         );
         t.commit().await?;
@@ -226,6 +223,19 @@ impl App {
         // Everything the observers committed without a flush is made durable before exit.
         self.store.sync().await?;
         Ok(())
+    }
+}
+
+/// Where the counters of every run so far are kept, per observer:
+/// [runs, commits, skipped, conflicts, failures, parked].
+pub const STATS_ROW: &[u8] = b"m:stats";
+pub const STATS_COLUMN: &[u8] = b"stats:observers";
+pub type StoredStats = std::collections::BTreeMap<String, [u64; 6]>;
+
+pub fn decode_stats(raw: Option<Bytes>) -> Result<StoredStats> {
+    match raw {
+        Some(v) => serde_json::from_slice(&v).context("the stored observer counters are corrupt"),
+        None => Ok(StoredStats::default()),
     }
 }
 

@@ -308,11 +308,9 @@ async fn status(app: &App) -> Result<()> {
     println!("duplicate clusters:     {clusters}");
     println!("URLs in the frontier:   {frontier}");
     println!("pending notifications:  {pending}");
-    let stats: std::collections::BTreeMap<String, [u64; 6]> =
-        match t.get(b"m:stats", b"stats:observers").await? {
-            Some(v) => serde_json::from_slice(&v)?,
-            None => Default::default(),
-        };
+    let stats = perc_cli::app::decode_stats(
+        t.get(perc_cli::app::STATS_ROW, perc_cli::app::STATS_COLUMN).await?,
+    )?;
     println!(
         "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
         "observer", "runs", "commits", "skipped", "conflicts", "failures", "parked"

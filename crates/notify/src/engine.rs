@@ -137,6 +137,18 @@ impl StepReport {
     }
 }
 
+impl std::ops::AddAssign for StepReport {
+    fn add_assign(&mut self, r: StepReport) {
+        self.ran += r.ran;
+        self.skipped += r.skipped;
+        self.conflicts += r.conflicts;
+        self.failed += r.failed;
+        self.parked += r.parked;
+        self.busy += r.busy;
+        self.no_observer += r.no_observer;
+    }
+}
+
 struct Failure {
     count: u32,
     not_before_ms: u64,
@@ -494,13 +506,7 @@ impl Engine {
         let mut total = StepReport::default();
         loop {
             let r = self.step().await?;
-            total.ran += r.ran;
-            total.skipped += r.skipped;
-            total.conflicts += r.conflicts;
-            total.failed += r.failed;
-            total.parked += r.parked;
-            total.busy += r.busy;
-            total.no_observer += r.no_observer;
+            total += r;
             if r.settled() == 0 {
                 return Ok(total);
             }
