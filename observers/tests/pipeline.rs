@@ -439,6 +439,8 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
                 concurrency: 8,
                 scan_batch: 8,
                 idle_ms: 1,
+                // Weak notifications gather while the workers are busy: nothing may be lost.
+                gather_ms: 5,
                 conflict_retries: 100,
                 gc_interval_ms: 0,
                 ..NotifyConfig::default()

@@ -118,7 +118,9 @@ async fn setup(source: Arc<dyn Source>) -> Result<Setup> {
             .await?;
     let client =
         client_for(dyn_store, oracle, clock, TxnConfig::default(), registry.clone()).await?;
-    let config = NotifyConfig { concurrency: 32, gc_interval_ms: 0, ..NotifyConfig::default() };
+    let gather_ms = std::env::var("GATHER").map_or(500, |v| v.parse().unwrap());
+    let config =
+        NotifyConfig { concurrency: 32, gc_interval_ms: 0, gather_ms, ..NotifyConfig::default() };
     Ok(Setup { _dir: dir, store, engine: Arc::new(Engine::new(ec, registry, config)), client })
 }
 
@@ -141,7 +143,15 @@ async fn quiesce(s: &Setup) -> Result<()> {
 fn ops_note(before: OpCounts, after: OpCounts, pages: usize) -> String {
     let per = (after.row_ops() - before.row_ops()) as f64 / pages as f64;
     let syncs = (after.sync - before.sync) as f64 / pages as f64;
-    format!("{per:.1} store calls + {syncs:.1} syncs per indexed page")
+    let k = |a: u64, b: u64| (a - b) as f64 / pages as f64;
+    format!(
+        "{per:.1} store calls + {syncs:.1} syncs per indexed page (read_row {:.1}, read_rows {:.1}, check_and_mutate {:.1}, mutate_rows {:.1}, scan {:.1})",
+        k(after.read_row, before.read_row),
+        k(after.read_rows, before.read_rows),
+        k(after.check_and_mutate, before.check_and_mutate),
+        k(after.mutate_rows, before.mutate_rows),
+        k(after.scan, before.scan),
+    )
 }
 
 pub fn run(scale: f64) -> Result<()> {

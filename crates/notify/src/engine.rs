@@ -7,7 +7,9 @@
 //!
 //! ```text
 //!   begin (start_ts > ts, as the oracle handed ts out before)
-//!   ack  = get(row, "perc.ack:<observer>")               start_ts of the last run, or 0
+//!   read, in one store call: the ack, the column, and the columns of `row` the observer
+//!        read in earlier runs (prefetched into the transaction's read cache)
+//!   ack  = (row, "perc.ack:<observer>")                  start_ts of the last run, or 0
 //!   run? = strong: newest commit_ts of (row, column) > ack  (waits on that cell's locks)
 //!          weak:   ts > ack
 //!   if run: set ack = start_ts; observer.observe(txn); commit   (racing runs: one commits)
@@ -35,6 +37,9 @@ use perc_txn::{actions, Client, CommitStep, TxnError};
 use crate::lease::{LocalLease, RowLease};
 use crate::observer::{NotifyKind, ObserverError, Registration, Registry};
 use crate::NotifyConfig;
+
+/// The most columns of its notified row an observer's run prefetches.
+const PREFETCH_COLUMNS_MAX: usize = 32;
 
 /// Notifications parked after failing `failures_max` times: row, column -> "observer: error".
 pub const FAILED: FamilySpec = FamilySpec { name: "failed", locality: Locality::Row };
@@ -164,6 +169,8 @@ pub struct Engine {
     counters: BTreeMap<String, Counters>,
     failures: Mutex<HashMap<(Bytes, Bytes), Failure>>,
     parked: Mutex<BTreeSet<(Bytes, Bytes)>>,
+    /// Per observer: the columns of the notified row its runs read (prefetched next time).
+    learned: Mutex<HashMap<String, BTreeSet<Bytes>>>,
     /// Runs in flight, and runs ever started: quiescence needs both.
     pub(crate) in_flight: AtomicUsize,
     pub(crate) started: AtomicU64,
@@ -217,6 +224,7 @@ impl Engine {
             counters,
             failures: Mutex::new(HashMap::new()),
             parked: Mutex::new(BTreeSet::new()),
+            learned: Mutex::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             progress: tokio::sync::Notify::new(),
@@ -231,6 +239,10 @@ impl Engine {
     }
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+    /// Whether `column` is observed through weak notifications.
+    pub fn is_weak(&self, column: &[u8]) -> bool {
+        self.registry.get(column).is_some_and(|r| r.kind == NotifyKind::Weak)
     }
     fn store(&self) -> &Arc<dyn Store> {
         self.client.store()
@@ -356,16 +368,23 @@ impl Engine {
     ) -> Result<bool, ObserverError> {
         let mut txn = self.client.begin().await?;
         let ack_column = reg.ack_column();
-        let ack = match txn.get(&p.row, &ack_column).await? {
+        // One read for the ack, the trigger's newest commit and the columns of this row the
+        // observer read in earlier runs (the paper's prefetching): its `get`s then hit the
+        // transaction's cache.
+        let mut cells = vec![(p.row.clone(), ack_column.clone())];
+        if reg.kind == NotifyKind::Strong {
+            cells.push((p.row.clone(), p.column.clone()));
+        }
+        cells.extend(self.learned_columns(&reg.name).into_iter().map(|c| (p.row.clone(), c)));
+        let versions = txn.versions(&cells).await?;
+        let ack = match versions[0].as_ref().and_then(|v| v.value.as_ref()) {
             Some(raw) => Ts(u64::from_be_bytes(raw.as_ref().try_into().map_err(|_| {
                 TxnError::Corrupt(format!("ack of {} on {}", reg.name, p.row.escape_ascii()))
             })?)),
             None => Ts::ZERO,
         };
         let changed = match reg.kind {
-            NotifyKind::Strong => {
-                txn.last_commit_ts(&p.row, &p.column).await?.is_some_and(|c| c > ack)
-            }
+            NotifyKind::Strong => versions[1].as_ref().is_some_and(|v| v.commit_ts > ack),
             NotifyKind::Weak => p.ts > ack,
         };
         if !changed {
@@ -373,7 +392,9 @@ impl Engine {
         }
         txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
         counters.runs.fetch_add(1, Ordering::Relaxed);
-        reg.observer.observe(&mut txn, &p.row, &p.column).await?;
+        let result = reg.observer.observe(&mut txn, &p.row, &p.column).await;
+        self.learn(reg, p, &txn);
+        result?;
         match crash {
             None => {
                 txn.commit().await?;
@@ -383,6 +404,24 @@ impl Engine {
             }
         }
         Ok(true)
+    }
+
+    /// Columns of the notified row that `observer` read in earlier runs.
+    fn learned_columns(&self, observer: &str) -> Vec<Bytes> {
+        let learned = self.learned.lock().unwrap_or_else(|e| e.into_inner());
+        learned.get(observer).map(|s| s.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Remembers which columns of the notified row this run read, for the next run's
+    /// prefetch; at most [`PREFETCH_COLUMNS_MAX`] per observer.
+    fn learn(&self, reg: &Registration, p: &Pending, txn: &perc_txn::Transaction) {
+        let mut learned = self.learned.lock().unwrap_or_else(|e| e.into_inner());
+        let set = learned.entry(reg.name.clone()).or_default();
+        for (row, column) in txn.read_set() {
+            if row == p.row && set.len() < PREFETCH_COLUMNS_MAX && column != reg.ack_column() {
+                set.insert(column);
+            }
+        }
     }
 
     fn failures_lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Bytes, Bytes), Failure>> {

@@ -70,6 +70,11 @@ pub struct NotifyConfig {
     pub failure_backoff_ms: u64,
     /// How long an idle scanner waits before looking again (or until woken).
     pub idle_ms: u64,
+    /// While the workers are busy (half the runs in flight or more), a weak notification
+    /// waits up to this long after a scanner first sees it, so that the changes that keep
+    /// arriving for it collapse into one run; 0 runs every notification at once. An idle
+    /// worker never waits: a lone update is not delayed.
+    pub gather_ms: u64,
     /// Garbage collection interval; 0 turns the background collector off.
     pub gc_interval_ms: u64,
     /// Seed of the scanners' random starts.
@@ -86,6 +91,7 @@ impl Default for NotifyConfig {
             failures_max: 5,
             failure_backoff_ms: 100,
             idle_ms: 20,
+            gather_ms: 500,
             gc_interval_ms: 60_000,
             seed: 0x0b5e,
         }

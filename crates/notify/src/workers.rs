@@ -7,10 +7,16 @@
 //! paper's fix for scanners bunching up like buses. Random starts are drawn from rows where
 //! notifications were recently seen, since row keys (URLs) are not uniform bytes.
 //!
+//! While the workers are busy, a weak notification is held back for up to
+//! [`NotifyConfig::gather_ms`](crate::NotifyConfig) after a scanner first sees it: in a bulk
+//! load the runs it would trigger one by one (a page's in-degree, once per inlink as the
+//! linking pages arrive) collapse into one. An idle worker runs it at once.
+//!
 //! Beside the scanners run a heartbeat (liveness and low watermark) and, if configured, the
 //! garbage collector. [`Workers::wait`] returns at quiescence: no notification pending and
 //! no run in flight, cascades included.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -36,6 +42,8 @@ struct Shared {
     positions: Mutex<Vec<Bytes>>,
     /// Rows where notifications were seen lately: the pool of random starts.
     sample: Mutex<Vec<Bytes>>,
+    /// Weak notifications being gathered: when a scanner first saw each (ms).
+    first_seen: Mutex<HashMap<(Bytes, Bytes), u64>>,
     handle: Handle,
 }
 
@@ -53,6 +61,7 @@ impl Workers {
             permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
             positions: Mutex::new(vec![Bytes::new(); config.scanners.max(1)]),
             sample: Mutex::new(Vec::new()),
+            first_seen: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             handle: handle.clone(),
@@ -132,6 +141,10 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_add(me as u64));
     let mut pos = random_start(&shared, &mut rng);
     let mut found_since_wrap = false;
+    let mut dispatched_since_wrap = false;
+    // The earliest moment a notification held back this round is due.
+    let mut due: Option<u64> = None;
+    let busy_runs = (config.concurrency / 2).max(1);
     while !shared.stop.load(Ordering::SeqCst) {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
@@ -165,6 +178,20 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             found_since_wrap = true;
         }
         for p in batch {
+            if config.gather_ms > 0 && engine.is_weak(&p.column) {
+                let now = engine.client().clock().now_ms();
+                let mut seen = shared.first_seen.lock().unwrap_or_else(|e| e.into_inner());
+                let key = (p.row.clone(), p.column.clone());
+                let first = *seen.entry(key.clone()).or_insert(now);
+                let busy = engine.in_flight.load(Ordering::SeqCst) >= busy_runs;
+                if busy && now < first + config.gather_ms {
+                    let at = first + config.gather_ms;
+                    due = Some(due.map_or(at, |d| d.min(at)));
+                    continue;
+                }
+                seen.remove(&key);
+            }
+            dispatched_since_wrap = true;
             let Ok(permit) = shared.permits.clone().acquire_owned().await else { return };
             engine.begin_tracked();
             let engine = engine.clone();
@@ -180,15 +207,34 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             None => {
                 // Wrapped around. After a whole round with nothing found, idle until woken.
                 pos = Bytes::new();
-                if !found_since_wrap {
+                let now = engine.client().clock().now_ms();
+                let pause = if !found_since_wrap {
+                    Some(config.idle_ms)
+                } else if !dispatched_since_wrap {
+                    // Everything found is being gathered: look again when the first is due,
+                    // or when a run finishes (the workers may have turned idle).
+                    Some(due.map_or(config.idle_ms, |d| d.saturating_sub(now).max(1)))
+                } else {
+                    None
+                };
+                if let Some(ms) = pause {
                     let woken = shared.wake.notified();
                     tokio::select! {
                         _ = woken => {}
                         _ = engine.progress.notified() => {}
-                        _ = engine.client().clock().sleep_ms(config.idle_ms) => {}
+                        _ = engine.client().clock().sleep_ms(ms) => {}
                     }
                 }
+                // Forget notifications no longer seen (another worker ran them).
+                let horizon = 10 * config.gather_ms.max(1);
+                shared
+                    .first_seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|_, first| now.saturating_sub(*first) < horizon);
                 found_since_wrap = false;
+                dispatched_since_wrap = false;
+                due = None;
             }
         }
     }

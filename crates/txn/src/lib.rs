@@ -28,7 +28,7 @@ pub mod error;
 pub mod liveness;
 pub mod record;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -244,6 +244,7 @@ impl Client {
             start_ts,
             writes: BTreeMap::new(),
             weak: BTreeSet::new(),
+            reads: Mutex::new(HashMap::new()),
         })
     }
 
@@ -302,6 +303,17 @@ pub struct Transaction {
     writes: BTreeMap<(Bytes, Bytes), Option<Bytes>>,
     /// Weak notifications to set at commit.
     weak: BTreeSet<(Bytes, Bytes)>,
+    /// Snapshot reads already resolved. A snapshot never changes once its locks are
+    /// resolved, so each cell is read from the store at most once per transaction.
+    reads: Mutex<HashMap<(Bytes, Bytes), Option<Version>>>,
+}
+
+/// The newest committed write of a cell in a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub commit_ts: Ts,
+    /// `None`: the write was a delete.
+    pub value: Option<Bytes>,
 }
 
 impl Drop for Transaction {
@@ -353,32 +365,81 @@ impl Transaction {
     }
 
     /// Many cells in one batched store read (plus one more read per cell that meets a lock
-    /// or whose data is not the newest at or below `start_ts`).
+    /// or whose data is not the newest at or below `start_ts`). Cells this transaction read
+    /// before cost nothing.
     pub async fn get_many(&self, cells: &[(Bytes, Bytes)]) -> Result<Vec<Option<Bytes>>, TxnError> {
-        let store = self.client.store();
-        let reads: Vec<RowRead> = cells
-            .iter()
-            .filter(|k| !self.writes.contains_key(*k))
-            .map(|(row, column)| RowRead { row: row.clone(), reads: self.snapshot_reads(column) })
-            .collect();
-        let mut fetched = if reads.is_empty() {
-            Vec::new()
-        } else if reads.len() == 1 {
-            vec![store.read_row(&reads[0].row, &reads[0].reads).await?]
-        } else {
-            store.read_rows(&reads).await?
-        }
-        .into_iter();
+        let unbuffered: Vec<(Bytes, Bytes)> =
+            cells.iter().filter(|k| !self.writes.contains_key(*k)).cloned().collect();
+        let mut fetched = self.versions(&unbuffered).await?.into_iter();
         let mut out = Vec::with_capacity(cells.len());
         for key in cells {
-            if let Some(buffered) = self.writes.get(key) {
-                out.push(buffered.clone());
-                continue;
+            match self.writes.get(key) {
+                Some(buffered) => out.push(buffered.clone()),
+                None => {
+                    let v = fetched.next().expect("one answer per unbuffered cell");
+                    out.push(v.and_then(|v| v.value));
+                }
             }
-            let got = fetched.next().expect("one answer per read");
-            out.push(self.resolve_read(&key.0, &key.1, got).await?.and_then(|(_, v)| v));
         }
         Ok(out)
+    }
+
+    /// The newest committed write of each cell in this snapshot (this transaction's own
+    /// buffered writes left out), reading every cell not read before in one batched call,
+    /// one [`RowRead`] per row. The paper's read batching and prefetching: a caller that
+    /// knows which cells it will need reads them together, and later `get`s are free.
+    pub async fn versions(
+        &self,
+        cells: &[(Bytes, Bytes)],
+    ) -> Result<Vec<Option<Version>>, TxnError> {
+        let mut by_row: Vec<(Bytes, Vec<Bytes>)> = Vec::new();
+        {
+            let cache = self.reads_lock();
+            let mut wanted = BTreeSet::new();
+            for key in cells {
+                if cache.contains_key(key) || !wanted.insert(key) {
+                    continue;
+                }
+                match by_row.iter_mut().find(|(row, _)| *row == key.0) {
+                    Some((_, columns)) => columns.push(key.1.clone()),
+                    None => by_row.push((key.0.clone(), vec![key.1.clone()])),
+                }
+            }
+        }
+        if !by_row.is_empty() {
+            let store = self.client.store();
+            let reads: Vec<RowRead> = by_row
+                .iter()
+                .map(|(row, columns)| RowRead {
+                    row: row.clone(),
+                    reads: columns.iter().flat_map(|c| self.snapshot_reads(c)).collect(),
+                })
+                .collect();
+            let fetched = if reads.len() == 1 {
+                vec![store.read_row(&reads[0].row, &reads[0].reads).await?]
+            } else {
+                store.read_rows(&reads).await?
+            };
+            for ((row, columns), got) in by_row.into_iter().zip(fetched) {
+                let mut got = got.into_iter();
+                for column in columns {
+                    let three: Vec<Vec<perc_store::Cell>> = got.by_ref().take(3).collect();
+                    let version = self.resolve_read(&row, &column, three).await?;
+                    self.reads_lock().insert((row.clone(), column), version);
+                }
+            }
+        }
+        let cache = self.reads_lock();
+        Ok(cells.iter().map(|k| cache[k].clone()).collect())
+    }
+
+    /// The cells this transaction has read from the store so far.
+    pub fn read_set(&self) -> Vec<(Bytes, Bytes)> {
+        self.reads_lock().keys().cloned().collect()
+    }
+
+    fn reads_lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Bytes, Bytes), Option<Version>>> {
+        self.reads.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn snapshot_reads(&self, column: &Bytes) -> Vec<ColumnRead> {
@@ -395,9 +456,8 @@ impl Transaction {
     /// in this snapshot, if there is one. Observers use it to tell whether a column changed
     /// since they last ran.
     pub async fn last_commit_ts(&self, row: &[u8], column: &[u8]) -> Result<Option<Ts>, TxnError> {
-        let (row, column) = (Bytes::copy_from_slice(row), Bytes::copy_from_slice(column));
-        let got = self.client.store().read_row(&row, &self.snapshot_reads(&column)).await?;
-        Ok(self.resolve_read(&row, &column, got).await?.map(|(ts, _)| ts))
+        let key = (Bytes::copy_from_slice(row), Bytes::copy_from_slice(column));
+        Ok(self.versions(std::slice::from_ref(&key)).await?.pop().flatten().map(|v| v.commit_ts))
     }
 
     /// The rows in `[start, end)` (`end` empty: to the end) that have a value in `column` in
@@ -491,7 +551,7 @@ impl Transaction {
         row: &Bytes,
         column: &Bytes,
         mut got: Vec<Vec<perc_store::Cell>>,
-    ) -> Result<Option<(Ts, Option<Bytes>)>, TxnError> {
+    ) -> Result<Option<Version>, TxnError> {
         let client = &self.client;
         let store = client.store();
         let mut attempt = 0u32;
@@ -541,16 +601,19 @@ impl Transaction {
                 let record = WriteRecord::decode(&w.value)?;
                 match record.kind {
                     WriteKind::Rollback => continue,
-                    WriteKind::Delete => return Ok(Some((w.ts, None))),
+                    WriteKind::Delete => return Ok(Some(Version { commit_ts: w.ts, value: None })),
                     WriteKind::Put => {
                         if let Some(d) = got[2].first().filter(|d| d.ts == record.start_ts) {
-                            return Ok(Some((w.ts, Some(d.value.clone()))));
+                            return Ok(Some(Version {
+                                commit_ts: w.ts,
+                                value: Some(d.value.clone()),
+                            }));
                         }
                         let exact =
                             ColumnRead::newest(data_col(column), TsRange::at(record.start_ts));
                         let mut data = store.read_row(row, &[exact]).await?.remove(0);
                         return match data.pop() {
-                            Some(d) => Ok(Some((w.ts, Some(d.value)))),
+                            Some(d) => Ok(Some(Version { commit_ts: w.ts, value: Some(d.value) })),
                             None => Err(TxnError::Corrupt(format!(
                                 "{}/{}: the write record at {} names data at {} that does not exist",
                                 error::show(row),
