@@ -9,6 +9,9 @@ mod notify;
 mod pipeline;
 mod table;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]

@@ -118,9 +118,7 @@ async fn setup(source: Arc<dyn Source>) -> Result<Setup> {
             .await?;
     let client =
         client_for(dyn_store, oracle, clock, TxnConfig::default(), registry.clone()).await?;
-    let gather_ms = std::env::var("GATHER").map_or(500, |v| v.parse().unwrap());
-    let config =
-        NotifyConfig { concurrency: 32, gc_interval_ms: 0, gather_ms, ..NotifyConfig::default() };
+    let config = NotifyConfig { concurrency: 32, gc_interval_ms: 0, ..NotifyConfig::default() };
     Ok(Setup { _dir: dir, store, engine: Arc::new(Engine::new(ec, registry, config)), client })
 }
 

@@ -14,6 +14,9 @@ use url::Url;
 use perc_cli::app::{App, Fetching};
 use perc_cli::{config, site};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "perc",
