@@ -55,7 +55,8 @@ macro_rules! conformance_tests {
             read_versions_in_range, put_replaces_same_timestamp, conditions_all_or_nothing,
             delete_range_only, own_family_outside_row_unit, scan_one_family, batched_rows,
             limits_refused_nothing_stored, concurrent_prewrite_one_winner,
-            concurrent_increments_none_lost, large_values, binary_keys_sorted);
+            concurrent_increments_none_lost, large_values, binary_keys_sorted,
+            mixed_conditions);
     };
     ($make:expr; $($case:ident),* $(,)?) => {
         $(
@@ -124,6 +125,19 @@ pub async fn read_versions_in_range(s: Arc<dyn Store>) {
     assert_eq!(got.len(), 2);
     assert!(got[0].is_empty());
     assert_eq!(cells(&got[1]), v(&[(5, "c")]));
+    // The same column twice, in overlapping ranges: each read gets its own answer.
+    let got = s
+        .read_row(
+            b"r",
+            &[
+                ColumnRead::all(c.clone(), TsRange::ALL),
+                ColumnRead::newest(c.clone(), TsRange::up_to(Ts(4))),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(cells(&got[0]), v(&[(5, "c"), (3, "b"), (1, "a")]));
+    assert_eq!(cells(&got[1]), v(&[(3, "b")]));
 }
 
 pub async fn put_replaces_same_timestamp(s: Arc<dyn Store>) {
@@ -131,6 +145,37 @@ pub async fn put_replaces_same_timestamp(s: Arc<dyn Store>) {
     assert!(s.check_and_mutate(b"r", &[], &[put(&c, 7, "old")]).await.unwrap());
     assert!(s.check_and_mutate(b"r", &[], &[put(&c, 7, "new")]).await.unwrap());
     assert_eq!(read(&s, "r", &c, TsRange::ALL, 9).await, v(&[(7, "new")]));
+}
+
+/// Several positive and negative conditions at once: all must hold, on an empty row too.
+pub async fn mixed_conditions(s: Arc<dyn Store>) {
+    let (a, b, c, out) = (col("f", "a"), col("f", "b"), col("g", "c"), col("f", "out"));
+    let conditions = [
+        Condition::CellAt { column: a.clone(), ts: Ts(1) },
+        Condition::CellAt { column: b.clone(), ts: Ts(2) },
+        Condition::NoCellIn { column: c.clone(), range: TsRange::ALL },
+    ];
+    let attempt = |ts: u64| {
+        let s = s.clone();
+        let conditions = conditions.clone();
+        let out = out.clone();
+        async move { s.check_and_mutate(b"r", &conditions, &[put(&out, ts, "x")]).await.unwrap() }
+    };
+    // Empty row: the cells that must exist do not.
+    assert!(!attempt(10).await);
+    assert!(s.check_and_mutate(b"r", &[], &[put(&a, 1, "a")]).await.unwrap());
+    assert!(!attempt(11).await, "b is missing");
+    assert!(s.check_and_mutate(b"r", &[], &[put(&b, 3, "b")]).await.unwrap());
+    assert!(!attempt(12).await, "b is at 3, not 2");
+    assert!(s.check_and_mutate(b"r", &[], &[put(&b, 2, "b")]).await.unwrap());
+    assert!(attempt(13).await, "every condition holds");
+    assert!(s.check_and_mutate(b"r", &[], &[put(&c, 7, "c")]).await.unwrap());
+    assert!(!attempt(14).await, "c has a cell");
+    assert_eq!(read(&s, "r", &out, TsRange::ALL, 9).await, v(&[(13, "x")]));
+    // Only negative conditions, on a row that does not exist.
+    let none = [Condition::NoCellIn { column: a.clone(), range: TsRange::ALL }];
+    assert!(s.check_and_mutate(b"fresh", &none, &[put(&a, 1, "a")]).await.unwrap());
+    assert!(!s.check_and_mutate(b"fresh", &none, &[put(&a, 2, "a")]).await.unwrap());
 }
 
 pub async fn conditions_all_or_nothing(s: Arc<dyn Store>) {

@@ -413,8 +413,20 @@ pub(crate) fn validate_ts(ts: Ts) -> Result<()> {
     Ok(())
 }
 
-/// Validates a conditional mutation's arguments.
-pub(crate) fn validate_check_and_mutate(
+/// Validates one row's reads; see [`validate_check_and_mutate`].
+pub fn validate_reads(schema: &Schema, row: &[u8], reads: &[ColumnRead]) -> Result<()> {
+    validate(
+        schema,
+        row,
+        reads.iter().map(|r| (r.column.family, r.column.qualifier.len())),
+        [],
+        false,
+    )
+}
+
+/// Validates a conditional mutation's arguments: the checks every backend runs first, so
+/// that every backend refuses the same calls (Bigtable's limits included).
+pub fn validate_check_and_mutate(
     schema: &Schema,
     row: &[u8],
     conditions: &[Condition],
@@ -446,7 +458,8 @@ pub(crate) fn validate_mutation_ts(mutations: &[Mutation]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn validate_row_mutation(schema: &Schema, rm: &RowMutation) -> Result<()> {
+/// Validates one row of a `mutate_rows` call; see [`validate_check_and_mutate`].
+pub fn validate_row_mutation(schema: &Schema, rm: &RowMutation) -> Result<()> {
     validate(
         schema,
         &rm.row,

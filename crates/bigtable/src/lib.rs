@@ -1,0 +1,532 @@
+//! The Cloud Bigtable backend of [`perc_store::Store`]: the store the paper itself ran on, for
+//! when perc outgrows one machine. Data goes through `bigtable_rs`; the table and its column
+//! families are made by perc ([`admin`]); tests run it against the emulator ([`emulator`]).
+//!
+//! How the model maps:
+//!
+//! ```text
+//!   perc                          Cloud Bigtable
+//!   family (Schema)               column family, created by perc
+//!   Ts(t)                         timestamp_micros = t * 1000 (Bigtable wants millisecond
+//!                                 granularity; Ts::MAX keeps it inside an i64)
+//!   TsRange min..=max             [min*1000, (max+1)*1000)
+//!   read_row (several reads)      one ReadRows; a filter chain per read, interleaved,
+//!                                 each labelled with its read's index
+//!   read_rows                     one ReadRows when every row asks the same reads,
+//!                                 else one per row, concurrently
+//!   check_and_mutate              one CheckAndMutateRow; conditions become a predicate
+//!   mutate_rows                   one MutateRows per 100k mutations; status per row
+//!   scan                          a streaming ReadRows of one family, cut at `limit`
+//!   sync                          nothing: Bigtable acknowledges durable writes
+//! ```
+//!
+//! Conditions: "no cell in N1..Nk" and "a cell at P1..Pj" both hold iff the predicate
+//! `if any(N) then block else (P1 and .. and Pj)` yields a cell; with no P, the mutations go in
+//! the false branch of `any(N)` instead. Bigtable's limits (row key 4 KiB, cell 100 MiB) are
+//! checked before any call, as every backend does, since the emulator enforces none.
+//!
+//! `CheckAndMutateRow` is not idempotent, so it is never retried blindly: after an RPC
+//! failure its outcome is learned by reading the row back (did every put land?); if that
+//! cannot tell, the call fails. `MutateRows` is idempotent (puts at explicit timestamps,
+//! deletes): rows that fail are retried a few times, then the call fails naming the row.
+
+pub mod admin;
+pub mod emulator;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bigtable_rs::bigtable::{BigTable, BigTableConnection, RowCell};
+use bigtable_rs::google::bigtable::v2::{
+    column_range, mutation, row_filter, row_range, CheckAndMutateRowRequest, ColumnRange,
+    MutateRowsRequest, Mutation as BtMutation, ReadRowsRequest, RowFilter, RowRange, RowSet,
+    TimestampRange,
+};
+use bytes::Bytes;
+use futures::StreamExt;
+use perc_store::{
+    validate_check_and_mutate, validate_reads, validate_row_mutation, Cell, ColumnRead, Condition,
+    Mutation, RowMutation, RowRead, Scan, ScanCell, Schema, Store, StoreError, Ts, TsRange,
+};
+
+pub use emulator::Emulator;
+
+/// Where the table is. `emulator`: `host:port` of a Bigtable emulator (no credentials);
+/// otherwise Cloud Bigtable with Application Default Credentials.
+#[derive(Clone, Debug)]
+pub struct BigtableConfig {
+    pub project: String,
+    pub instance: String,
+    pub table: String,
+    pub emulator: Option<String>,
+    /// gRPC connections to spread calls over.
+    pub channels: usize,
+    /// Deadline of one call.
+    pub timeout_ms: u64,
+}
+
+impl BigtableConfig {
+    /// A table on the emulator at `addr`.
+    pub fn emulator(addr: &str, table: &str) -> BigtableConfig {
+        BigtableConfig {
+            project: "perc".into(),
+            instance: "perc".into(),
+            table: table.into(),
+            emulator: Some(addr.into()),
+            channels: 4,
+            timeout_ms: 30_000,
+        }
+    }
+}
+
+/// Opening the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("bigtable configuration: {0}")]
+    Config(String),
+    #[error("bigtable: {0}")]
+    Rpc(String),
+}
+
+/// Cells up to this size travel in one gRPC message; Bigtable allows 100 MiB per cell, and a
+/// row read carries several (tonic's default of 4 MiB would cut them).
+const MESSAGE_BYTES_MAX: usize = 512 * 1024 * 1024;
+/// Bigtable's limit of mutations in one MutateRows request.
+const MUTATIONS_PER_CALL_MAX: usize = 100_000;
+/// Attempts for rows of a MutateRows call that fail.
+const MUTATE_ATTEMPTS: usize = 4;
+
+pub struct BigtableStore {
+    client: BigTable,
+    table: String,
+    schema: Schema,
+}
+
+fn rpc(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io { backend: "bigtable", detail: format!("{what}: {e}") }
+}
+
+fn micros(ts: Ts) -> i64 {
+    ts.0 as i64 * 1000
+}
+
+fn ts_of(micros: i64) -> Ts {
+    Ts((micros / 1000) as u64)
+}
+
+fn range(r: TsRange) -> TimestampRange {
+    TimestampRange {
+        start_timestamp_micros: micros(r.min),
+        end_timestamp_micros: micros(r.max.next()),
+    }
+}
+
+fn filter(f: row_filter::Filter) -> RowFilter {
+    RowFilter { filter: Some(f) }
+}
+
+fn chain(filters: Vec<RowFilter>) -> RowFilter {
+    if filters.len() == 1 {
+        return filters.into_iter().next().expect("one");
+    }
+    filter(row_filter::Filter::Chain(row_filter::Chain { filters }))
+}
+
+fn interleave(filters: Vec<RowFilter>) -> RowFilter {
+    if filters.len() == 1 {
+        return filters.into_iter().next().expect("one");
+    }
+    filter(row_filter::Filter::Interleave(row_filter::Interleave { filters }))
+}
+
+fn block_all() -> RowFilter {
+    filter(row_filter::Filter::BlockAllFilter(true))
+}
+
+/// Exactly one column, in a timestamp range.
+fn column_filter(family: &str, qualifier: &[u8], r: TsRange) -> Vec<RowFilter> {
+    vec![
+        filter(row_filter::Filter::ColumnRangeFilter(ColumnRange {
+            family_name: family.to_string(),
+            start_qualifier: Some(column_range::StartQualifier::StartQualifierClosed(
+                qualifier.to_vec(),
+            )),
+            end_qualifier: Some(column_range::EndQualifier::EndQualifierClosed(qualifier.to_vec())),
+        })),
+        filter(row_filter::Filter::TimestampRangeFilter(range(r))),
+    ]
+}
+
+/// The filter of one read, labelled with its index.
+fn read_filter(i: usize, read: &ColumnRead) -> RowFilter {
+    let mut f = column_filter(read.column.family, &read.column.qualifier, read.range);
+    if read.versions < i32::MAX as u32 {
+        f.push(filter(row_filter::Filter::CellsPerColumnLimitFilter(read.versions as i32)));
+    }
+    f.push(filter(row_filter::Filter::ApplyLabelTransformer(i.to_string())));
+    chain(f)
+}
+
+fn reads_filter(reads: &[ColumnRead]) -> RowFilter {
+    interleave(reads.iter().enumerate().map(|(i, r)| read_filter(i, r)).collect())
+}
+
+/// Sorts one row's labelled cells into the answer of each read, newest first.
+fn demux(cells: Vec<RowCell>, n: usize) -> Result<Vec<Vec<Cell>>, StoreError> {
+    let mut out: Vec<Vec<Cell>> = vec![Vec::new(); n];
+    for c in cells {
+        for label in &c.labels {
+            let i: usize = label
+                .parse()
+                .ok()
+                .filter(|i| *i < n)
+                .ok_or_else(|| rpc("read", format!("unexpected label {label:?}")))?;
+            out[i]
+                .push(Cell { ts: ts_of(c.timestamp_micros), value: Bytes::from(c.value.clone()) });
+        }
+    }
+    for cells in &mut out {
+        cells.sort_by_key(|c| std::cmp::Reverse(c.ts));
+    }
+    Ok(out)
+}
+
+fn mutation(m: &Mutation) -> BtMutation {
+    let m = match m {
+        Mutation::Put { column, ts, value } => mutation::Mutation::SetCell(mutation::SetCell {
+            family_name: column.family.to_string(),
+            column_qualifier: column.qualifier.to_vec(),
+            timestamp_micros: micros(*ts),
+            value: value.to_vec(),
+        }),
+        Mutation::Delete { column, range: r } => {
+            mutation::Mutation::DeleteFromColumn(mutation::DeleteFromColumn {
+                family_name: column.family.to_string(),
+                column_qualifier: column.qualifier.to_vec(),
+                time_range: Some(range(*r)),
+            })
+        }
+    };
+    BtMutation { mutation: Some(m) }
+}
+
+impl BigtableStore {
+    /// Connects, creating the table and any missing column families first.
+    pub async fn open(config: &BigtableConfig, schema: Schema) -> Result<BigtableStore, Error> {
+        admin::ensure_table(config, &schema).await?;
+        let timeout = Some(Duration::from_millis(config.timeout_ms));
+        let channels = config.channels.max(1);
+        let mut connection = match &config.emulator {
+            Some(addr) => BigTableConnection::new_with_emulator(
+                addr,
+                &config.project,
+                &config.instance,
+                false,
+                channels,
+                timeout,
+            ),
+            None => {
+                BigTableConnection::new(&config.project, &config.instance, false, channels, timeout)
+                    .await
+            }
+        }
+        .map_err(|e| Error::Rpc(format!("connecting: {e}")))?;
+        connection.configure_inner_client(|c| {
+            c.max_decoding_message_size(MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(MESSAGE_BYTES_MAX)
+        });
+        let client = connection.client();
+        let table = client.get_full_table_name(&config.table);
+        Ok(BigtableStore { client, table, schema })
+    }
+
+    fn client(&self) -> BigTable {
+        self.client.clone()
+    }
+
+    async fn read(
+        &self,
+        rows: RowSet,
+        f: RowFilter,
+    ) -> Result<Vec<(Vec<u8>, Vec<RowCell>)>, StoreError> {
+        let req = ReadRowsRequest {
+            table_name: self.table.clone(),
+            rows: Some(rows),
+            filter: Some(f),
+            ..ReadRowsRequest::default()
+        };
+        self.client().read_rows(req).await.map_err(|e| rpc("ReadRows", e))
+    }
+
+    /// After an RPC failure of a conditional mutation: whether it landed, read back from the
+    /// row (every put present with its value, every deleted range empty), if that can tell.
+    async fn landed(&self, row: &[u8], mutations: &[Mutation]) -> Result<Option<bool>, StoreError> {
+        let puts: Vec<&Mutation> =
+            mutations.iter().filter(|m| matches!(m, Mutation::Put { .. })).collect();
+        if puts.is_empty() {
+            return Ok(None);
+        }
+        let reads: Vec<ColumnRead> = puts
+            .iter()
+            .map(|m| match m {
+                Mutation::Put { column, ts, .. } => {
+                    ColumnRead::newest(column.clone(), TsRange::at(*ts))
+                }
+                Mutation::Delete { .. } => unreachable!("puts only"),
+            })
+            .collect();
+        let got = self.read_row(row, &reads).await?;
+        let present = puts.iter().zip(&got).all(|(m, cells)| match m {
+            Mutation::Put { value, .. } => cells.first().is_some_and(|c| c.value == *value),
+            Mutation::Delete { .. } => false,
+        });
+        Ok(Some(present))
+    }
+}
+
+#[async_trait]
+impl Store for BigtableStore {
+    fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    async fn read_row(
+        &self,
+        row: &[u8],
+        reads: &[ColumnRead],
+    ) -> perc_store::Result<Vec<Vec<Cell>>> {
+        validate_reads(&self.schema, row, reads)?;
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = RowSet { row_keys: vec![row.to_vec()], row_ranges: vec![] };
+        let cells = self.read(rows, reads_filter(reads)).await?.into_iter().next();
+        demux(cells.map(|(_, c)| c).unwrap_or_default(), reads.len())
+    }
+
+    async fn read_rows(&self, rows: &[RowRead]) -> perc_store::Result<Vec<Vec<Vec<Cell>>>> {
+        for r in rows {
+            validate_reads(&self.schema, &r.row, &r.reads)?;
+        }
+        let same = |a: &RowRead, b: &RowRead| {
+            a.reads.len() == b.reads.len()
+                && a.reads.iter().zip(&b.reads).all(|(x, y)| {
+                    x.column == y.column && x.range == y.range && x.versions == y.versions
+                })
+        };
+        if rows.len() > 1 && rows.iter().all(|r| same(r, &rows[0])) && !rows[0].reads.is_empty() {
+            let mut keys: Vec<Vec<u8>> = rows.iter().map(|r| r.row.to_vec()).collect();
+            keys.sort();
+            keys.dedup();
+            let set = RowSet { row_keys: keys, row_ranges: vec![] };
+            let n = rows[0].reads.len();
+            let got = self.read(set, reads_filter(&rows[0].reads)).await?;
+            let mut by_row = std::collections::HashMap::with_capacity(got.len());
+            for (key, cells) in got {
+                by_row.insert(key, demux(cells, n)?);
+            }
+            let out = rows
+                .iter()
+                .map(|r| by_row.get(r.row.as_ref()).cloned().unwrap_or_else(|| vec![Vec::new(); n]))
+                .collect();
+            return Ok(out);
+        }
+        futures::future::try_join_all(rows.iter().map(|r| self.read_row(&r.row, &r.reads))).await
+    }
+
+    async fn check_and_mutate(
+        &self,
+        row: &[u8],
+        conditions: &[Condition],
+        mutations: &[Mutation],
+    ) -> perc_store::Result<bool> {
+        validate_check_and_mutate(&self.schema, row, conditions, mutations)?;
+        let mut absent = Vec::new();
+        let mut present = Vec::new();
+        for c in conditions {
+            match c {
+                Condition::NoCellIn { column, range: r } => {
+                    absent.push(chain(column_filter(column.family, &column.qualifier, *r)))
+                }
+                Condition::CellAt { column, ts } => present.push(chain(column_filter(
+                    column.family,
+                    &column.qualifier,
+                    TsRange::at(*ts),
+                ))),
+            }
+        }
+        let ours: Vec<BtMutation> = mutations.iter().map(mutation).collect();
+        // `all_present` yields a cell iff every P has one: if P1 then (if P2 then .. ) else block.
+        let all_present = present.into_iter().rev().fold(None, |inner: Option<RowFilter>, p| {
+            Some(match inner {
+                None => p,
+                Some(rest) => {
+                    filter(row_filter::Filter::Condition(Box::new(row_filter::Condition {
+                        predicate_filter: Some(Box::new(p)),
+                        true_filter: Some(Box::new(rest)),
+                        false_filter: Some(Box::new(block_all())),
+                    })))
+                }
+            })
+        });
+        let (predicate, apply_if_matched) = match (absent.is_empty(), all_present) {
+            (true, None) => (None, true),
+            (true, Some(p)) => (Some(p), true),
+            (false, None) => (Some(interleave(absent)), false),
+            (false, Some(p)) => (
+                Some(filter(row_filter::Filter::Condition(Box::new(row_filter::Condition {
+                    predicate_filter: Some(Box::new(interleave(absent))),
+                    true_filter: Some(Box::new(block_all())),
+                    false_filter: Some(Box::new(p)),
+                })))),
+                true,
+            ),
+        };
+        let (true_mutations, false_mutations) = match &predicate {
+            // No condition: a predicate that never matches, mutations in the false branch.
+            None => (vec![], ours),
+            Some(_) if apply_if_matched => (ours, vec![]),
+            Some(_) => (vec![], ours),
+        };
+        let req = CheckAndMutateRowRequest {
+            table_name: self.table.clone(),
+            row_key: row.to_vec(),
+            predicate_filter: Some(predicate.clone().unwrap_or_else(block_all)),
+            true_mutations,
+            false_mutations,
+            ..CheckAndMutateRowRequest::default()
+        };
+        let apply_if_matched = predicate.is_some() && apply_if_matched;
+        match self.client().check_and_mutate_row(req).await {
+            Ok(resp) => Ok(resp.predicate_matched == apply_if_matched),
+            Err(e) => {
+                // Not idempotent: learn the outcome from the row rather than try again.
+                tracing::warn!(error = %e, "CheckAndMutateRow failed; reading the row back");
+                match self.landed(row, mutations).await {
+                    Ok(Some(true)) => Ok(true),
+                    _ => Err(rpc("CheckAndMutateRow (outcome unknown; nothing was retried)", e)),
+                }
+            }
+        }
+    }
+
+    async fn mutate_rows(&self, rows: &[RowMutation]) -> perc_store::Result<()> {
+        for rm in rows {
+            validate_row_mutation(&self.schema, rm)?;
+        }
+        let mut batch: Vec<&RowMutation> = Vec::new();
+        let mut count = 0;
+        for rm in rows.iter().filter(|rm| !rm.mutations.is_empty()) {
+            if count + rm.mutations.len() > MUTATIONS_PER_CALL_MAX && !batch.is_empty() {
+                self.mutate_batch(&batch).await?;
+                batch.clear();
+                count = 0;
+            }
+            count += rm.mutations.len();
+            batch.push(rm);
+        }
+        if !batch.is_empty() {
+            self.mutate_batch(&batch).await?;
+        }
+        Ok(())
+    }
+
+    async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<ScanCell>> {
+        self.schema.locality(scan.family)?;
+        if scan.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let range = RowRange {
+            start_key: Some(row_range::StartKey::StartKeyClosed(scan.start.to_vec())),
+            end_key: (!scan.end.is_empty())
+                .then(|| row_range::EndKey::EndKeyOpen(scan.end.to_vec())),
+        };
+        let req = ReadRowsRequest {
+            table_name: self.table.clone(),
+            rows: Some(RowSet { row_keys: vec![], row_ranges: vec![range] }),
+            filter: Some(filter(row_filter::Filter::FamilyNameRegexFilter(format!(
+                "^{}$",
+                scan.family
+            )))),
+            ..ReadRowsRequest::default()
+        };
+        let mut stream = self.client().stream_rows(req).await.map_err(|e| rpc("ReadRows", e))?;
+        let mut out = Vec::new();
+        while let Some(next) = stream.next().await {
+            let (row, cells) = next.map_err(|e| rpc("ReadRows", e))?;
+            let row = Bytes::from(row);
+            for c in cells {
+                out.push(ScanCell {
+                    row: row.clone(),
+                    qualifier: Bytes::from(c.qualifier),
+                    ts: ts_of(c.timestamp_micros),
+                    value: Bytes::from(c.value),
+                });
+                if out.len() >= scan.limit {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn sync(&self) -> perc_store::Result<()> {
+        Ok(())
+    }
+}
+
+impl BigtableStore {
+    /// One MutateRows call; rows that fail are sent again (puts at explicit timestamps and
+    /// deletes are idempotent), a few times, then the call fails naming the first such row.
+    async fn mutate_batch(&self, rows: &[&RowMutation]) -> perc_store::Result<()> {
+        let mut pending: Vec<&RowMutation> = rows.to_vec();
+        let mut last_error = String::new();
+        for _ in 0..MUTATE_ATTEMPTS {
+            let req = MutateRowsRequest {
+                table_name: self.table.clone(),
+                entries: pending
+                    .iter()
+                    .map(|rm| bigtable_rs::google::bigtable::v2::mutate_rows_request::Entry {
+                        row_key: rm.row.to_vec(),
+                        mutations: rm.mutations.iter().map(mutation).collect(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..MutateRowsRequest::default()
+            };
+            let mut failed = vec![true; pending.len()];
+            match self.client().mutate_rows(req).await {
+                Ok(mut stream) => {
+                    while let Some(resp) = stream.next().await {
+                        match resp {
+                            Ok(resp) => {
+                                for e in resp.entries {
+                                    let ok = e.status.as_ref().is_none_or(|s| s.code == 0);
+                                    if let Some(f) = failed.get_mut(e.index as usize) {
+                                        *f = !ok;
+                                    }
+                                    if let Some(s) = e.status.filter(|s| s.code != 0) {
+                                        last_error = format!(
+                                            "row {:?}: code {} {}",
+                                            pending[e.index as usize].row, s.code, s.message
+                                        );
+                                    }
+                                }
+                            }
+                            Err(e) => {
+                                last_error = e.to_string();
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => last_error = e.to_string(),
+            }
+            pending = pending.into_iter().zip(failed).filter(|(_, f)| *f).map(|(r, _)| r).collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+        }
+        Err(rpc("MutateRows", format!("{} row(s) not written: {last_error}", pending.len())))
+    }
+}
