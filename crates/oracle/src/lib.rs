@@ -22,6 +22,8 @@
 //! (a second one would not see the first one's in-memory counter): distributed mode runs it
 //! as one server (`perc oracle`) behind the same [`Oracle`] trait.
 
+pub mod net;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -59,6 +61,8 @@ pub trait Oracle: Send + Sync + 'static {
     /// The first of `n` consecutive timestamps, all greater than every one handed out before.
     async fn next_batch(&self, n: u32) -> Result<Ts, OracleError>;
 }
+
+pub use net::{serve, ClientConfig, RemoteOracle};
 
 /// The in-process oracle, with its reservations persisted in a [`Store`].
 pub struct LocalOracle {
