@@ -14,13 +14,13 @@ use perc_crawl::{
     Crawler, FetchError, FetchLimits, Fetched, Fetcher, HttpFetcher, Polite, PolitenessConfig,
     Response, RobotsCache, Source,
 };
-use perc_notify::{client_for, Engine, ObserverStats, Workers};
-use perc_oracle::{LocalOracle, Oracle};
+use perc_notify::{client_for, Engine, ObserverStats, RowLease, StoreLease, Workers};
+use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
 use perc_store::{SledOptions, SledStore, Store};
 use perc_txn::{Client, Clock, SystemClock, TxnConfig};
 use url::Url;
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
 
 pub struct App {
     pub store: Arc<dyn Store>,
@@ -127,18 +127,8 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
 
 impl App {
     pub async fn open(config: Config, fetching: Fetching) -> Result<App> {
-        let data = Path::new(&config.store.data);
-        std::fs::create_dir_all(data)
-            .with_context(|| format!("cannot create the data directory {}", data.display()))?;
-        let sled = SledStore::open(
-            data,
-            perc_notify::schema(),
-            &SledOptions { cache_bytes: config.store.cache_bytes, flush_every_ms: 500 },
-        )
-        .map_err(|e| anyhow!("{e} (is another perc process using {}?)", data.display()))?;
-        let store: Arc<dyn Store> = Arc::new(sled);
-        let oracle: Arc<dyn Oracle> =
-            Arc::new(LocalOracle::open(store.clone(), config.txn.oracle_block).await?);
+        let store = open_store(&config).await?;
+        let oracle = open_oracle(&config, &store).await?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let registry = Arc::new(perc_observers::registry(source(&config, fetching)?)?);
         let txn = TxnConfig {
@@ -152,8 +142,24 @@ impl App {
         let engine_client =
             client_for(store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
                 .await?;
-        let client = client_for(store.clone(), oracle, clock, txn, registry.clone()).await?;
-        let engine = Arc::new(Engine::new(engine_client, registry, config.workers.clone()));
+        let client =
+            client_for(store.clone(), oracle, clock.clone(), txn, registry.clone()).await?;
+        // Many processes share a Bigtable table: they lease notifications in the store.
+        let lease: Arc<dyn RowLease> = match config.store.backend {
+            Backend::Sled => Arc::new(perc_notify::LocalLease::default()),
+            Backend::Bigtable => Arc::new(StoreLease::new(
+                store.clone(),
+                clock.clone(),
+                config.workers.lease_ttl_ms,
+                &engine_client.worker().to_string(),
+            )),
+        };
+        let engine = Arc::new(Engine::with_lease(
+            engine_client,
+            registry,
+            config.workers.clone(),
+            lease,
+        ));
         engine.load_parked().await?;
         Ok(App { store, client, engine, config })
     }
@@ -195,8 +201,24 @@ impl App {
         Ok(RunSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
     }
 
-    /// Adds this run's counters to the ones stored (shown by `perc status`).
-    async fn save_stats(&self) -> Result<()> {
+    /// Adds this run's counters to the ones stored (shown by `perc status`). Processes
+    /// sharing a store add theirs concurrently: a conflict is retried.
+    pub async fn save_stats(&self) -> Result<()> {
+        let mut attempt = 0;
+        loop {
+            match self.try_save_stats().await {
+                Err(perc_txn::TxnError::Store(e)) => return Err(e.into()),
+                Err(e) if e.is_retryable() && attempt < 20 => {
+                    let pause = self.client.backoff_ms(attempt);
+                    attempt += 1;
+                    self.client.clock().sleep_ms(pause).await;
+                }
+                r => return Ok(r?),
+            }
+        }
+    }
+
+    async fn try_save_stats(&self) -> Result<(), perc_txn::TxnError> {
         let mut t = self.client.begin().await?;
         // A counter record that cannot be read starts over rather than stopping the run.
         let mut all = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?).unwrap_or_default();
@@ -211,7 +233,7 @@ impl App {
         t.set(
             Bytes::from_static(STATS_ROW),
             Bytes::from_static(STATS_COLUMN),
-            serde_json::to_vec(&all)?,
+            serde_json::to_vec(&all).expect("serializable"),
         );
         t.commit().await?;
         Ok(())
@@ -224,6 +246,75 @@ impl App {
         self.store.sync().await?;
         Ok(())
     }
+}
+
+/// The configured store: sled in `store.data`, or the Bigtable table.
+pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>> {
+    match config.store.backend {
+        Backend::Sled => {
+            let data = Path::new(&config.store.data);
+            std::fs::create_dir_all(data)
+                .with_context(|| format!("cannot create the data directory {}", data.display()))?;
+            let sled = SledStore::open(
+                data,
+                perc_notify::schema(),
+                &SledOptions { cache_bytes: config.store.cache_bytes, flush_every_ms: 500 },
+            )
+            .map_err(|e| anyhow!("{e} (is another perc process using {}?)", data.display()))?;
+            Ok(Arc::new(sled))
+        }
+        Backend::Bigtable => open_bigtable(config).await,
+    }
+}
+
+#[cfg(feature = "bigtable")]
+async fn open_bigtable(config: &Config) -> Result<Arc<dyn Store>> {
+    let b = &config.bigtable;
+    if b.emulator.is_empty() && (b.project.is_empty() || b.instance.is_empty()) {
+        anyhow::bail!(
+            "store.backend = \"bigtable\" needs bigtable.project and bigtable.instance \
+             (or bigtable.emulator for a local emulator)"
+        );
+    }
+    let bt = perc_bigtable::BigtableConfig {
+        project: if b.project.is_empty() { "perc".into() } else { b.project.clone() },
+        instance: if b.instance.is_empty() { "perc".into() } else { b.instance.clone() },
+        table: b.table.clone(),
+        emulator: (!b.emulator.is_empty()).then(|| b.emulator.clone()),
+        channels: b.channels,
+        timeout_ms: b.timeout_ms,
+    };
+    let store = perc_bigtable::BigtableStore::open(&bt, perc_notify::schema())
+        .await
+        .with_context(|| format!("cannot open the Bigtable table {}", b.table))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "bigtable"))]
+async fn open_bigtable(_config: &Config) -> Result<Arc<dyn Store>> {
+    anyhow::bail!(
+        "store.backend = \"bigtable\", but this perc was built without Bigtable support: \
+         build it with `cargo build --release -p perc-cli --features bigtable`"
+    )
+}
+
+/// The configured oracle: a `perc oracle` server, or one in this process (sled only: a shared
+/// store needs a single oracle for every process).
+pub async fn open_oracle(config: &Config, store: &Arc<dyn Store>) -> Result<Arc<dyn Oracle>> {
+    if !config.oracle.server.is_empty() {
+        let client = perc_oracle::ClientConfig {
+            reconnect_for_ms: config.oracle.reconnect_for_ms,
+            ..perc_oracle::ClientConfig::default()
+        };
+        return Ok(Arc::new(RemoteOracle::connect(&config.oracle.server, client).await?));
+    }
+    if config.store.backend == Backend::Bigtable {
+        anyhow::bail!(
+            "store.backend = \"bigtable\" is shared by many processes, which need one timestamp \
+             oracle: run `perc oracle --listen HOST:PORT` and set oracle.server to it"
+        );
+    }
+    Ok(Arc::new(LocalOracle::open(store.clone(), config.txn.oracle_block).await?))
 }
 
 /// Where the counters of every run so far are kept, per observer:

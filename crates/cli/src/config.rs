@@ -12,16 +12,51 @@ pub const DEFAULT: &str = include_str!("../../../config/default.toml");
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub store: Store,
+    pub bigtable: Bigtable,
+    pub oracle: Oracle,
     pub crawl: Crawl,
     pub workers: perc_notify::NotifyConfig,
     pub txn: Txn,
 }
 
+/// Which store backend: the embedded one, or Cloud Bigtable shared by many processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Sled,
+    Bigtable,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Store {
+    pub backend: Backend,
     pub data: String,
     pub cache_bytes: u64,
+}
+
+/// Where the Bigtable table is (for `store.backend = "bigtable"`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bigtable {
+    pub project: String,
+    pub instance: String,
+    pub table: String,
+    /// `host:port` of a Bigtable emulator; empty: Cloud Bigtable, with Application Default
+    /// Credentials.
+    pub emulator: String,
+    pub channels: usize,
+    pub timeout_ms: u64,
+}
+
+/// The timestamp oracle: in this process, or a `perc oracle` server.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Oracle {
+    /// `host:port` of `perc oracle`; empty: the oracle runs in this process (embedded mode).
+    pub server: String,
+    /// How long a client keeps reconnecting to a server that went away.
+    pub reconnect_for_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -72,6 +72,14 @@ enum Command {
     Status,
     /// Process pending notifications until none is left.
     Wait,
+    /// Distributed mode: serve timestamps to every perc process sharing the store.
+    Oracle {
+        /// Where to listen, host:port (e.g. 127.0.0.1:7070; port 0 picks a free one).
+        #[arg(long)]
+        listen: String,
+    },
+    /// Distributed mode: run observers on the shared store until stopped (SIGTERM, Ctrl-C).
+    Worker,
     /// Serve the bundled demo site on 127.0.0.1, crawl it, and show what perc knows.
     Demo {
         /// The site directory.
@@ -257,6 +265,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             app.close().await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Oracle { listen } => oracle(config, &listen).await,
+        Command::Worker => worker(config).await,
         Command::Demo { site } => demo(config, &site).await,
     }
 }
@@ -329,6 +339,44 @@ async fn status(app: &App) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Returns when the process is asked to stop (SIGTERM or Ctrl-C).
+async fn stop_requested() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+async fn oracle(config: config::Config, listen: &str) -> Result<ExitCode> {
+    let store = perc_cli::app::open_store(&config).await?;
+    let oracle = perc_oracle::LocalOracle::open(store, config.txn.oracle_block).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    // The address line is what scripts (and the tests) wait for.
+    println!("oracle listening on {}", listener.local_addr()?);
+    std::io::stdout().flush()?;
+    tokio::select! {
+        r = perc_oracle::serve(listener, std::sync::Arc::new(oracle)) => r?,
+        r = stop_requested() => r?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn worker(config: config::Config) -> Result<ExitCode> {
+    let app = App::open(config, Fetching::Live { warc_out: None }).await?;
+    let workers = perc_notify::Workers::start(app.engine.clone(), &tokio::runtime::Handle::current());
+    println!("worker {} running", app.engine.client().worker());
+    std::io::stdout().flush()?;
+    stop_requested().await?;
+    workers.shutdown().await;
+    app.save_stats().await?;
+    app.close().await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn demo(config: config::Config, site: &Path) -> Result<ExitCode> {

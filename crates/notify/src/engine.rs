@@ -300,7 +300,7 @@ impl Engine {
         if self.failures_lock().get(&key).is_some_and(|f| f.not_before_ms > now) {
             return Ok(RunOutcome::Busy);
         }
-        let Some(_lease) = self.lease.try_acquire(&p.row, &p.column) else {
+        let Some(_lease) = self.lease.try_acquire(&p.row, &p.column).await else {
             return Ok(RunOutcome::Busy);
         };
         let counters = &self.counters[&reg.name];

@@ -31,14 +31,14 @@ use perc_txn::{Client, Clock, TxnConfig, TxnError};
 
 pub use engine::{Engine, FailedEntry, ObserverStats, Pending, RunOutcome, StepReport, FAILED};
 pub use gc::GcReport;
-pub use lease::{LeaseGuard, LocalLease, RowLease};
+pub use lease::{LeaseGuard, LocalLease, RowLease, StoreLease};
 pub use observer::{
     ack_column, NotifyKind, Observer, ObserverError, Registration, Registry, RegistryError,
 };
 pub use workers::Workers;
 
 /// The families this layer adds to the schema.
-pub const FAMILIES: [FamilySpec; 1] = [FAILED];
+pub const FAMILIES: [FamilySpec; 2] = [FAILED, lease::LEASE];
 
 /// Every family the layers up to this one need: transactions, oracle, notifications.
 pub fn schema() -> Schema {
@@ -55,7 +55,8 @@ pub fn schema() -> Schema {
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NotifyConfig {
-    /// Scanner tasks walking the notify family.
+    /// Scanner tasks walking the notify family; 0: this process runs no observers, and
+    /// [`Workers::wait`] only watches for quiescence (the work is done elsewhere).
     pub scanners: usize,
     /// Observer runs in flight at once.
     pub concurrency: usize,
@@ -75,6 +76,8 @@ pub struct NotifyConfig {
     /// arriving for it collapse into one run; 0 runs every notification at once. An idle
     /// worker never waits: a lone update is not delayed.
     pub gather_ms: u64,
+    /// Expiry of a lease taken in the store ([`StoreLease`]), should its worker die.
+    pub lease_ttl_ms: u64,
     /// Garbage collection interval; 0 turns the background collector off.
     pub gc_interval_ms: u64,
     /// Seed of the scanners' random starts.
@@ -92,6 +95,7 @@ impl Default for NotifyConfig {
             failure_backoff_ms: 100,
             idle_ms: 20,
             gather_ms: 500,
+            lease_ttl_ms: 30_000,
             gc_interval_ms: 60_000,
             seed: 0x0b5e,
         }

@@ -59,7 +59,7 @@ impl Workers {
         let config = engine.config().clone();
         let shared = Arc::new(Shared {
             permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
-            positions: Mutex::new(vec![Bytes::new(); config.scanners.max(1)]),
+            positions: Mutex::new(vec![Bytes::new(); config.scanners]),
             sample: Mutex::new(Vec::new()),
             first_seen: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
@@ -68,7 +68,7 @@ impl Workers {
             engine,
         });
         let mut tasks = Vec::new();
-        for i in 0..config.scanners.max(1) {
+        for i in 0..config.scanners {
             let shared = shared.clone();
             tasks.push(handle.spawn(async move { scanner(shared, i).await }));
         }
