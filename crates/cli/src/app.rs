@@ -154,12 +154,8 @@ impl App {
                 &engine_client.worker().to_string(),
             )),
         };
-        let engine = Arc::new(Engine::with_lease(
-            engine_client,
-            registry,
-            config.workers.clone(),
-            lease,
-        ));
+        let engine =
+            Arc::new(Engine::with_lease(engine_client, registry, config.workers.clone(), lease));
         engine.load_parked().await?;
         Ok(App { store, client, engine, config })
     }

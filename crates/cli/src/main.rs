@@ -369,7 +369,8 @@ async fn oracle(config: config::Config, listen: &str) -> Result<ExitCode> {
 
 async fn worker(config: config::Config) -> Result<ExitCode> {
     let app = App::open(config, Fetching::Live { warc_out: None }).await?;
-    let workers = perc_notify::Workers::start(app.engine.clone(), &tokio::runtime::Handle::current());
+    let workers =
+        perc_notify::Workers::start(app.engine.clone(), &tokio::runtime::Handle::current());
     println!("worker {} running", app.engine.client().worker());
     std::io::stdout().flush()?;
     stop_requested().await?;

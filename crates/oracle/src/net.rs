@@ -269,10 +269,18 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_restarted_server_continues_above_everything_handed_out() {
         let store: Arc<dyn Store> = Arc::new(MemStore::new(Schema::new([crate::FAMILY])));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // The first server runs on a runtime of its own, so that it can die the way a process
+        // does: every task and socket gone at once.
+        let first = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let oracle = Arc::new(LocalOracle::open(store.clone(), 50).await.unwrap());
-        let first_server = tokio::spawn(serve(listener, oracle));
+        first.spawn(async move { serve(TcpListener::from_std(listener).unwrap(), oracle).await });
         let client =
             RemoteOracle::connect(&addr.to_string(), ClientConfig::default()).await.unwrap();
         let mut last = Ts::ZERO;
@@ -281,9 +289,8 @@ mod tests {
             assert!(ts > last);
             last = ts;
         }
-        // The server dies (its connections with it) and comes back on the same port.
-        first_server.abort();
-        let _ = first_server.await;
+        // The server dies and comes back on the same port.
+        tokio::task::spawn_blocking(move || drop(first)).await.unwrap();
         let listener = TcpListener::bind(addr).await.unwrap();
         let oracle = Arc::new(LocalOracle::open(store, 50).await.unwrap());
         let _second = tokio::spawn(serve(listener, oracle));

@@ -1,0 +1,265 @@
+//! Distributed mode end to end, through the `perc` binary: the Cloud Bigtable emulator, a
+//! `perc oracle` server and several `perc worker` processes replay a WARC that an embedded
+//! crawl recorded, and the export equals the embedded crawl's. Then the same with a worker
+//! killed (SIGKILL) mid-run and the oracle server killed and restarted: the other workers
+//! resolve what the dead one left and finish with the same export.
+//!
+//! Every server is started here, on 127.0.0.1 and a port the kernel picks; without the
+//! emulator these tests fail with a message saying how to get it.
+#![cfg(feature = "bigtable")]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use perc_bigtable::Emulator;
+use perc_cli::site;
+
+const PERC: &str = env!("CARGO_BIN_EXE_perc");
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A child process killed (SIGKILL) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The distributed configuration: config/bigtable.toml on the emulator and oracle given,
+/// with short liveness and lease expiry so that a dead worker is noticed quickly.
+struct Cluster {
+    emulator: Emulator,
+    oracle_addr: String,
+}
+
+impl Cluster {
+    fn args(&self) -> Vec<String> {
+        let mut a =
+            vec!["--config".to_string(), root().join("config/bigtable.toml").display().to_string()];
+        for set in [
+            format!("bigtable.emulator={}", self.emulator.addr()),
+            "bigtable.table=distributed".to_string(),
+            format!("oracle.server={}", self.oracle_addr),
+            "txn.liveness_ttl_ms=1000".to_string(),
+            "txn.lock_ttl_ms=3000".to_string(),
+            "workers.lease_ttl_ms=1000".to_string(),
+            "workers.failure_backoff_ms=10".to_string(),
+            "workers.idle_ms=5".to_string(),
+            "workers.gather_ms=10".to_string(),
+            "workers.gc_interval_ms=0".to_string(),
+        ] {
+            a.push("--set".into());
+            a.push(set);
+        }
+        a
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(PERC);
+        c.args(self.args()).args(args).env_remove("RUST_LOG");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        ok(&self.command(args).output().expect("run perc"))
+    }
+
+    fn worker(&self) -> Proc {
+        let mut child = self
+            .command(&["worker"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a worker");
+        first_line(&mut child, "worker ");
+        Proc(child)
+    }
+}
+
+/// Starts `perc oracle` on `listen` and returns it with the address it reports.
+fn start_oracle(emulator: &Emulator, listen: &str) -> (Proc, String) {
+    let mut child = Command::new(PERC)
+        .arg("--config")
+        .arg(root().join("config/bigtable.toml"))
+        .args(["--set", &format!("bigtable.emulator={}", emulator.addr())])
+        .args(["--set", "bigtable.table=distributed"])
+        .args(["oracle", "--listen", listen])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the oracle");
+    let line = first_line(&mut child, "oracle listening on ");
+    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    (Proc(child), addr)
+}
+
+/// Reads the child's first stdout line, which must start with `prefix`.
+fn first_line(child: &mut Child, prefix: &str) -> String {
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read the first line");
+    assert!(line.starts_with(prefix), "expected {prefix:?}, got {line:?}");
+    // Keep draining it.
+    std::thread::spawn(move || for _ in out.lines() {});
+    line
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "perc failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// A generated site of `n` pages: links forward and back, a page every page links to,
+/// duplicates, and links to missing pages.
+fn write_site(dir: &Path, n: usize) {
+    for i in 0..n {
+        let mut body = format!("<html><head><title>Page {i}</title></head><body><p>page {i}</p>");
+        if i % 7 == 3 {
+            body = "<html><head><title>Twin</title></head><body><p>twin</p>".to_string();
+        }
+        for t in [0, (i + 1) % n, (i * 3 + 2) % n, (i * i) % n, n + i % 3] {
+            body.push_str(&format!("<a href=\"/p{t}.html\">to {t}</a>\n"));
+        }
+        body.push_str("</body></html>");
+        std::fs::write(dir.join(format!("p{i}.html")), body).unwrap();
+    }
+}
+
+/// Crawls a generated site embedded (sled), recording a WARC; returns (export, WARC path).
+fn embedded_crawl(tmp: &Path) -> (String, PathBuf) {
+    let site_dir = tmp.join("site");
+    std::fs::create_dir_all(&site_dir).unwrap();
+    write_site(&site_dir, 60);
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let served = rt.block_on(site::serve(&site_dir)).unwrap();
+    let seeds = tmp.join("seeds.txt");
+    std::fs::write(&seeds, format!("{}p0.html\n", served.base())).unwrap();
+    let warc = tmp.join("crawl.warc.gz");
+    let data = tmp.join("embedded");
+    let embedded = |args: &[&str]| {
+        ok(&Command::new(PERC)
+            .arg("--config")
+            .arg(root().join("config/test.toml"))
+            .arg("--data")
+            .arg(&data)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap())
+    };
+    embedded(&["crawl", "--seeds", seeds.to_str().unwrap(), "--warc-out", warc.to_str().unwrap()]);
+    let out = tmp.join("embedded.jsonl");
+    embedded(&["export", "--out", out.to_str().unwrap()]);
+    drop(served);
+    (std::fs::read_to_string(out).unwrap(), warc)
+}
+
+fn export(cluster: &Cluster, tmp: &Path) -> String {
+    let out = tmp.join("distributed.jsonl");
+    cluster.run(&["export", "--out", out.to_str().unwrap()]);
+    std::fs::read_to_string(out).unwrap()
+}
+
+#[test]
+fn three_workers_on_bigtable_replay_to_the_embedded_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (expected, warc) = embedded_crawl(tmp.path());
+    assert!(expected.lines().count() > 40, "the site was crawled");
+    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
+    let (_oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
+    let cluster = Cluster { emulator, oracle_addr };
+    let _workers: Vec<Proc> = (0..3).map(|_| cluster.worker()).collect();
+    // The loader only loads and watches: the three workers do the work.
+    let out = cluster.run(&["--set", "workers.scanners=0", "replay", warc.to_str().unwrap()]);
+    assert!(out.contains("pages indexed"), "{out}");
+    assert_eq!(export(&cluster, tmp.path()), expected);
+    let canonical = cluster.run(&["canonical", &first_url(&expected)]);
+    assert!(canonical.starts_with("http://127.0.0.1:"), "{canonical}");
+    let status = cluster.run(&["status"]);
+    assert!(status.contains("pending notifications:  0"), "{status}");
+}
+
+#[test]
+fn a_killed_worker_and_a_restarted_oracle_leave_the_export_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (expected, warc) = embedded_crawl(tmp.path());
+    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
+    let (oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
+    let cluster = Cluster { emulator, oracle_addr: oracle_addr.clone() };
+    // One worker that logs each run, so the test can kill it in the middle of the work.
+    let mut doomed = cluster
+        .command(&["worker"])
+        .env("RUST_LOG", "perc_notify=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let runs = BufReader::new(doomed.stderr.take().unwrap());
+    let loader = Proc(
+        cluster
+            .command(&["--set", "workers.scanners=0", "replay", warc.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut seen = 0;
+    for line in runs.lines() {
+        if line.unwrap().contains("observer ran") {
+            seen += 1;
+            if seen == 40 {
+                break;
+            }
+        }
+    }
+    assert_eq!(seen, 40, "the first worker ran observers before it was killed");
+    doomed.kill().unwrap(); // SIGKILL: no cleanup, locks and leases left behind.
+    doomed.wait().unwrap();
+    // The oracle dies too and comes back on the same port: clients reconnect.
+    drop(oracle);
+    let (_oracle, again) = start_oracle(&cluster.emulator, &oracle_addr);
+    assert_eq!(again, oracle_addr);
+    let _workers: Vec<Proc> = (0..2).map(|_| cluster.worker()).collect();
+    let mut loader = loader;
+    let out = finish(&mut loader.0);
+    assert!(out.contains("pages indexed"), "{out}");
+    assert_eq!(export(&cluster, tmp.path()), expected);
+}
+
+/// Waits for the loader; its stdout, or a failure with its stderr.
+fn finish(child: &mut Child) -> String {
+    use std::io::Read;
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "the loader failed: {stderr}\n{stdout}");
+    stdout
+}
+
+fn first_url(export: &str) -> String {
+    export
+        .lines()
+        .next()
+        .unwrap()
+        .split("\"url\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string()
+}
