@@ -5,6 +5,7 @@
 //! machine is shared and absolute numbers drift. `make bench` runs every suite.
 
 mod core;
+mod distributed;
 mod notify;
 mod pipeline;
 mod table;
@@ -32,6 +33,8 @@ enum Suite {
     Notify,
     /// The indexing pipeline: replay and crawl throughput, store operations per page.
     Pipeline,
+    /// Distributed mode: the oracle server, replay on the Bigtable emulator with 1-3 workers.
+    Distributed,
     /// Every suite.
     All,
 }
@@ -42,10 +45,12 @@ fn main() -> anyhow::Result<()> {
         Suite::Core => core::run(args.scale),
         Suite::Notify => notify::run(args.scale),
         Suite::Pipeline => pipeline::run(args.scale),
+        Suite::Distributed => distributed::run(args.scale),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
-            pipeline::run(args.scale)
+            pipeline::run(args.scale)?;
+            distributed::run(args.scale)
         }
     }
 }

@@ -30,7 +30,7 @@ const WORDS: [&str; 16] = [
 
 /// A site of `n` pages: ~10 KB of text, 10-30 links with a skewed choice of targets (a few
 /// pages get most links), 5% exact duplicates, 2% redirects, 2% links to missing pages.
-fn site(n: usize, seed: u64) -> Vec<(String, Response)> {
+pub fn site(n: usize, seed: u64) -> Vec<(String, Response)> {
     let mut rng = StdRng::seed_from_u64(seed);
     let path = |i: usize| format!("/p/{i}.html");
     let mut out: Vec<(String, Response)> = Vec::with_capacity(n);
@@ -122,7 +122,7 @@ async fn setup(source: Arc<dyn Source>) -> Result<Setup> {
     Ok(Setup { _dir: dir, store, engine: Arc::new(Engine::new(ec, registry, config)), client })
 }
 
-struct Offline;
+pub struct Offline;
 
 #[async_trait::async_trait]
 impl Source for Offline {

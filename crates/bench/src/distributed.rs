@@ -1,0 +1,146 @@
+//! Distributed mode's figures: the oracle server's timestamps/s over loopback (one caller,
+//! many), and replay on the Cloud Bigtable emulator with 1, 2 and 3 workers sharing the
+//! table (each worker its own engine, client, lease and oracle connection, as separate
+//! processes have), with store calls per indexed page.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, Result};
+use perc_bigtable::{BigtableConfig, BigtableStore, Emulator};
+use perc_crawl::warc::Recorded;
+use perc_notify::{client_for, Engine, NotifyConfig, StoreLease, Workers};
+use perc_oracle::{ClientConfig, LocalOracle, Oracle, RemoteOracle};
+use perc_store::{Counted, MemStore, Schema, Store};
+use perc_txn::{Clock, SystemClock, TxnConfig};
+use url::Url;
+
+use crate::table::{rate, scaled, Table};
+
+async fn oracle_server() -> Result<String> {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new(Schema::new([perc_oracle::FAMILY])));
+    let oracle = Arc::new(LocalOracle::open(store, 1_000_000).await?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    tokio::spawn(perc_oracle::serve(listener, oracle));
+    Ok(addr)
+}
+
+async fn oracle_rates(t: &mut Table, scale: f64) -> Result<()> {
+    let addr = oracle_server().await?;
+    for (clients, callers) in [(1usize, 1usize), (1, 16), (1, 256), (1, 1024), (8, 128)] {
+        let mut conns = Vec::new();
+        for _ in 0..clients {
+            conns.push(Arc::new(RemoteOracle::connect(&addr, ClientConfig::default()).await?));
+        }
+        let total = clients * callers;
+        let per = scaled(if total == 1 { 20_000 } else { 2_000_000 }, scale) / total as u64;
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..total)
+            .map(|i| {
+                let c = conns[i % clients].clone();
+                tokio::spawn(async move {
+                    for _ in 0..per {
+                        c.next().await?;
+                    }
+                    Ok::<_, perc_oracle::OracleError>(())
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await??;
+        }
+        let n = per * total as u64;
+        t.add(
+            format!("oracle.next() over loopback, {clients} client(s) x {callers} caller(s)"),
+            rate(n, start.elapsed().as_secs_f64()),
+            "timestamps/s; a client's waiting callers share one request (goal >= 2 M/s)",
+        );
+    }
+    Ok(())
+}
+
+async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result<()> {
+    let emulator = Emulator::start().map_err(|e| anyhow!(e))?;
+    let addr = oracle_server().await?;
+    let config = BigtableConfig::emulator(emulator.addr(), "bench");
+    let bt: Arc<dyn Store> = Arc::new(BigtableStore::open(&config, perc_notify::schema()).await?);
+    let store = Arc::new(Counted::new(bt));
+    let shared: Arc<dyn Store> = store.clone();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let connect = || RemoteOracle::connect(&addr, ClientConfig::default());
+    let n = scaled(500, scale) as usize;
+    let pages = crate::pipeline::site(n, 7);
+    let recorded: Vec<Recorded> = pages
+        .iter()
+        .map(|(p, r)| Recorded {
+            url: Url::parse(&format!("http://site.test{p}")).unwrap(),
+            response: r.clone(),
+        })
+        .collect();
+    let mut running = Vec::new();
+    let mut engines = Vec::new();
+    for _ in 0..workers {
+        let oracle: Arc<dyn Oracle> = Arc::new(connect().await?);
+        let registry = Arc::new(perc_observers::registry(Arc::new(crate::pipeline::Offline))?);
+        let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
+        let client = client_for(shared.clone(), oracle, clock.clone(), relaxed, registry.clone())
+            .await?;
+        let lease = Arc::new(StoreLease::new(
+            shared.clone(),
+            clock.clone(),
+            30_000,
+            &client.worker().to_string(),
+        ));
+        let nc = NotifyConfig { gc_interval_ms: 0, ..NotifyConfig::default() };
+        let engine = Arc::new(Engine::with_lease(client, registry, nc, lease));
+        running.push(Workers::start(engine.clone(), &tokio::runtime::Handle::current()));
+        engines.push(engine);
+    }
+    let oracle: Arc<dyn Oracle> = Arc::new(connect().await?);
+    let registry = Arc::new(perc_observers::registry(Arc::new(crate::pipeline::Offline))?);
+    let loader =
+        client_for(shared.clone(), oracle, clock.clone(), TxnConfig::default(), registry).await?;
+    let before = store.counts();
+    let start = Instant::now();
+    perc_observers::load_recorded(&loader, &recorded).await?;
+    running[0].wait().await?;
+    let secs = start.elapsed().as_secs_f64();
+    let after = store.counts();
+    for w in running {
+        w.shutdown().await;
+    }
+    let indexed = perc_observers::export(&loader).await?.len();
+    let runs: u64 = engines.iter().flat_map(|e| e.stats()).map(|s| s.commits).sum();
+    let calls = (after.row_ops() - before.row_ops()) as f64 / indexed as f64;
+    t.add(
+        format!("replay on the emulator, {n} pages, {workers} worker(s)"),
+        rate(n as u64, secs),
+        format!(
+            "{indexed} pages indexed; {calls:.1} store calls per page ({:.1} conditional \
+             mutations, {:.1} reads, {:.1} scans); {:.1} observer runs per page",
+            (after.check_and_mutate - before.check_and_mutate) as f64 / indexed as f64,
+            (after.read_row + after.read_rows - before.read_row - before.read_rows) as f64
+                / indexed as f64,
+            (after.scan - before.scan) as f64 / indexed as f64,
+            runs as f64 / indexed as f64
+        ),
+    );
+    Ok(())
+}
+
+pub fn run(scale: f64) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        println!("# perc-bench distributed (scale {scale}; 2 worker threads; Bigtable emulator)");
+        let mut t = Table::new();
+        oracle_rates(&mut t, scale).await?;
+        t.print("the oracle server over loopback");
+        let mut t = Table::new();
+        for workers in 1..=3 {
+            replay_on_emulator(&mut t, scale, workers).await?;
+        }
+        t.print("replay on the Cloud Bigtable emulator");
+        Ok(())
+    })
+}
