@@ -84,8 +84,8 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
         let oracle: Arc<dyn Oracle> = Arc::new(connect().await?);
         let registry = Arc::new(perc_observers::registry(Arc::new(crate::pipeline::Offline))?);
         let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
-        let client = client_for(shared.clone(), oracle, clock.clone(), relaxed, registry.clone())
-            .await?;
+        let client =
+            client_for(shared.clone(), oracle, clock.clone(), relaxed, registry.clone()).await?;
         let lease = Arc::new(StoreLease::new(
             shared.clone(),
             clock.clone(),

@@ -36,6 +36,7 @@ impl Drop for Proc {
 struct Cluster {
     emulator: Emulator,
     oracle_addr: String,
+    table: &'static str,
 }
 
 impl Cluster {
@@ -44,7 +45,7 @@ impl Cluster {
             vec!["--config".to_string(), root().join("config/bigtable.toml").display().to_string()];
         for set in [
             format!("bigtable.emulator={}", self.emulator.addr()),
-            "bigtable.table=distributed".to_string(),
+            format!("bigtable.table={}", self.table),
             format!("oracle.server={}", self.oracle_addr),
             "txn.liveness_ttl_ms=1000".to_string(),
             "txn.lock_ttl_ms=3000".to_string(),
@@ -88,7 +89,6 @@ fn start_oracle(emulator: &Emulator, listen: &str) -> (Proc, String) {
         .arg("--config")
         .arg(root().join("config/bigtable.toml"))
         .args(["--set", &format!("bigtable.emulator={}", emulator.addr())])
-        .args(["--set", "bigtable.table=distributed"])
         .args(["oracle", "--listen", listen])
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
@@ -137,8 +137,17 @@ fn write_site(dir: &Path, n: usize) {
     }
 }
 
-/// Crawls a generated site embedded (sled), recording a WARC; returns (export, WARC path).
-fn embedded_crawl(tmp: &Path) -> (String, PathBuf) {
+/// What an embedded crawl of a generated site left: its export, the WARC it recorded, and the
+/// site, still served, with its seed list.
+struct Embedded {
+    export: String,
+    warc: PathBuf,
+    seeds: PathBuf,
+    _site: (tokio::runtime::Runtime, site::Served),
+}
+
+/// Crawls a generated site embedded (sled), recording a WARC.
+fn embedded_crawl(tmp: &Path) -> Embedded {
     let site_dir = tmp.join("site");
     std::fs::create_dir_all(&site_dir).unwrap();
     write_site(&site_dir, 60);
@@ -163,8 +172,7 @@ fn embedded_crawl(tmp: &Path) -> (String, PathBuf) {
     embedded(&["crawl", "--seeds", seeds.to_str().unwrap(), "--warc-out", warc.to_str().unwrap()]);
     let out = tmp.join("embedded.jsonl");
     embedded(&["export", "--out", out.to_str().unwrap()]);
-    drop(served);
-    (std::fs::read_to_string(out).unwrap(), warc)
+    Embedded { export: std::fs::read_to_string(out).unwrap(), warc, seeds, _site: (rt, served) }
 }
 
 fn export(cluster: &Cluster, tmp: &Path) -> String {
@@ -176,18 +184,37 @@ fn export(cluster: &Cluster, tmp: &Path) -> String {
 #[test]
 fn three_workers_on_bigtable_replay_to_the_embedded_export() {
     let tmp = tempfile::tempdir().unwrap();
-    let (expected, warc) = embedded_crawl(tmp.path());
+    let embedded = embedded_crawl(tmp.path());
+    let expected = &embedded.export;
     assert!(expected.lines().count() > 40, "the site was crawled");
     let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
     let (_oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
-    let cluster = Cluster { emulator, oracle_addr };
-    let _workers: Vec<Proc> = (0..3).map(|_| cluster.worker()).collect();
+
+    // The committed fixture WARC (recorded by wget) gives the embedded run's export, which
+    // tests/e2e.rs checks against the golden file.
+    let fixture = Cluster { emulator, oracle_addr, table: "fixture" };
+    let workers: Vec<Proc> = (0..3).map(|_| fixture.worker()).collect();
+    let wget = root().join("fixtures/crawls/wget-demo.warc.gz");
     // The loader only loads and watches: the three workers do the work.
-    let out = cluster.run(&["--set", "workers.scanners=0", "replay", warc.to_str().unwrap()]);
+    fixture.run(&["--set", "workers.scanners=0", "replay", wget.to_str().unwrap()]);
+    let golden = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
+    assert_eq!(export(&fixture, tmp.path()), golden);
+    drop(workers);
+
+    // A bigger crawl's WARC, on a table of its own.
+    let cluster = Cluster { table: "crawl", ..fixture };
+    let _workers: Vec<Proc> = (0..3).map(|_| cluster.worker()).collect();
+    let warc = embedded.warc.to_str().unwrap();
+    let out = cluster.run(&["--set", "workers.scanners=0", "replay", warc]);
     assert!(out.contains("pages indexed"), "{out}");
-    assert_eq!(export(&cluster, tmp.path()), expected);
-    let canonical = cluster.run(&["canonical", &first_url(&expected)]);
+    assert_eq!(&export(&cluster, tmp.path()), expected);
+    let canonical = cluster.run(&["canonical", &first_url(expected)]);
     assert!(canonical.starts_with("http://127.0.0.1:"), "{canonical}");
+    // Crawling the same site live through Bigtable (this process works too) changes nothing;
+    // `wait` then finds nothing pending.
+    cluster.run(&["crawl", "--seeds", embedded.seeds.to_str().unwrap()]);
+    cluster.run(&["wait"]);
+    assert_eq!(&export(&cluster, tmp.path()), expected);
     let status = cluster.run(&["status"]);
     assert!(status.contains("pending notifications:  0"), "{status}");
 }
@@ -195,10 +222,11 @@ fn three_workers_on_bigtable_replay_to_the_embedded_export() {
 #[test]
 fn a_killed_worker_and_a_restarted_oracle_leave_the_export_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
-    let (expected, warc) = embedded_crawl(tmp.path());
+    let embedded = embedded_crawl(tmp.path());
+    let (expected, warc) = (&embedded.export, &embedded.warc);
     let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
     let (oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
-    let cluster = Cluster { emulator, oracle_addr: oracle_addr.clone() };
+    let cluster = Cluster { emulator, oracle_addr: oracle_addr.clone(), table: "crawl" };
     // One worker that logs each run, so the test can kill it in the middle of the work.
     let mut doomed = cluster
         .command(&["worker"])
@@ -236,7 +264,7 @@ fn a_killed_worker_and_a_restarted_oracle_leave_the_export_unchanged() {
     let mut loader = loader;
     let out = finish(&mut loader.0);
     assert!(out.contains("pages indexed"), "{out}");
-    assert_eq!(export(&cluster, tmp.path()), expected);
+    assert_eq!(&export(&cluster, tmp.path()), expected);
 }
 
 /// Waits for the loader; its stdout, or a failure with its stderr.
