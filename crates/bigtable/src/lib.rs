@@ -369,34 +369,32 @@ impl Store for BigtableStore {
                 }
             })
         });
+        // The predicate, and whether the mutations apply when it matches (true branch) or
+        // when it does not (false branch).
         let (predicate, apply_if_matched) = match (absent.is_empty(), all_present) {
-            (true, None) => (None, true),
-            (true, Some(p)) => (Some(p), true),
-            (false, None) => (Some(interleave(absent)), false),
+            // No condition: a predicate that never matches; mutations in the false branch.
+            (true, None) => (block_all(), false),
+            (true, Some(p)) => (p, true),
+            (false, None) => (interleave(absent), false),
             (false, Some(p)) => (
-                Some(filter(row_filter::Filter::Condition(Box::new(row_filter::Condition {
+                filter(row_filter::Filter::Condition(Box::new(row_filter::Condition {
                     predicate_filter: Some(Box::new(interleave(absent))),
                     true_filter: Some(Box::new(block_all())),
                     false_filter: Some(Box::new(p)),
-                })))),
+                }))),
                 true,
             ),
         };
-        let (true_mutations, false_mutations) = match &predicate {
-            // No condition: a predicate that never matches, mutations in the false branch.
-            None => (vec![], ours),
-            Some(_) if apply_if_matched => (ours, vec![]),
-            Some(_) => (vec![], ours),
-        };
+        let (true_mutations, false_mutations) =
+            if apply_if_matched { (ours, vec![]) } else { (vec![], ours) };
         let req = CheckAndMutateRowRequest {
             table_name: self.table.clone(),
             row_key: row.to_vec(),
-            predicate_filter: Some(predicate.clone().unwrap_or_else(block_all)),
+            predicate_filter: Some(predicate),
             true_mutations,
             false_mutations,
             ..CheckAndMutateRowRequest::default()
         };
-        let apply_if_matched = predicate.is_some() && apply_if_matched;
         match self.client().check_and_mutate_row(req).await {
             Ok(resp) => Ok(resp.predicate_matched == apply_if_matched),
             Err(e) => {
