@@ -72,6 +72,29 @@ enum Command {
     Status,
     /// Process pending notifications until none is left.
     Wait,
+    /// Write a deterministic synthetic web: a site directory and/or a WARC (see perc-synth).
+    Generate {
+        /// Pages in the web.
+        #[arg(long)]
+        pages: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write it as a site directory (p/<i>.html and _redirects), servable by any server.
+        #[arg(long)]
+        site: Option<PathBuf>,
+        /// Write it as a WARC (.warc.gz) for `perc replay`.
+        #[arg(long)]
+        warc: Option<PathBuf>,
+        /// The URL the WARC's pages live under.
+        #[arg(long, default_value = "http://synth.test/")]
+        base: String,
+        /// Instead: change this many pages of the site already in --site (version --version),
+        /// and print their paths, for `perc refetch`.
+        #[arg(long)]
+        change: Option<usize>,
+        #[arg(long, default_value_t = 1)]
+        version: u32,
+    },
     /// Distributed mode: serve timestamps to every perc process sharing the store.
     Oracle {
         /// Where to listen, host:port (e.g. 127.0.0.1:7070; port 0 picks a free one).
@@ -265,6 +288,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             app.close().await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Generate { pages, seed, site, warc, base, change, version } => {
+            generate(pages, seed, site.as_deref(), warc.as_deref(), &base, change, version)
+        }
         Command::Oracle { listen } => oracle(config, &listen).await,
         Command::Worker => worker(config).await,
         Command::Demo { site } => demo(config, &site).await,
@@ -339,6 +365,50 @@ async fn status(app: &App) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn generate(
+    pages: usize,
+    seed: u64,
+    site: Option<&Path>,
+    warc: Option<&Path>,
+    base: &str,
+    change: Option<usize>,
+    version: u32,
+) -> Result<ExitCode> {
+    if pages == 0 {
+        bail!("--pages must be at least 1");
+    }
+    let mut spec = perc_synth::Spec::new(pages, seed);
+    spec.base = Url::parse(base).with_context(|| format!("--base {base:?} is not a URL"))?;
+    let web = perc_synth::Web::new(spec);
+    if let Some(k) = change {
+        let dir = site.ok_or_else(|| anyhow!("--change needs the --site to change"))?;
+        if version == 0 {
+            bail!("--version must be at least 1 (0 is the original)");
+        }
+        let changes = web.change_set(k, u64::from(version));
+        perc_synth::write::apply_changes(&web, dir, &changes, version)
+            .with_context(|| format!("cannot write into {}", dir.display()))?;
+        for (i, _) in changes {
+            println!("{}", perc_synth::Web::path(i));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if site.is_none() && warc.is_none() {
+        bail!("generate needs --site DIR and/or --warc FILE");
+    }
+    if let Some(dir) = site {
+        perc_synth::write::site(&web, dir)
+            .with_context(|| format!("cannot write the site {}", dir.display()))?;
+        println!("wrote {pages} pages to {}", dir.display());
+    }
+    if let Some(file) = warc {
+        perc_synth::write::warc(&web, file)
+            .with_context(|| format!("cannot write the WARC {}", file.display()))?;
+        println!("wrote {pages} pages to {}", file.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Returns when the process is asked to stop (SIGTERM or Ctrl-C).

@@ -382,3 +382,42 @@ fn max_pages_bounds_a_crawl_and_says_why() {
         .count();
     assert!(over >= paths.len() - 2, "only {over} of {} URLs were held back", paths.len());
 }
+
+/// `perc generate` writes a synthetic web and a change set; refetching the changed pages
+/// gives the export a fresh crawl of the changed web gives (both crawls seeded with every
+/// page, so that a page a change leaves unlinked is still known to the fresh one).
+#[test]
+fn a_generated_web_and_its_change_set_index_incrementally() {
+    let tmp = tempfile::tempdir().unwrap();
+    let web = tmp.path().join("web");
+    let gen = |args: &[&str]| {
+        let mut all =
+            vec!["generate", "--pages", "120", "--seed", "4", "--site", web.to_str().unwrap()];
+        all.extend_from_slice(args);
+        ok(&perc(&tmp.path().join("unused"), &all))
+    };
+    gen(&[]);
+    let site = Site::start(&web);
+    let all: Vec<String> = (0..120).map(|i| site.url(&format!("p/{i}.html"))).collect();
+    let s = seeds(tmp.path(), &all);
+    let incremental = tmp.path().join("incremental");
+    ok(&perc(&incremental, &["crawl", "--seeds", s.to_str().unwrap()]));
+    let v1 = export(&incremental, &tmp.path().join("v1.jsonl"));
+    assert!(v1.lines().count() > 100, "{}", v1.lines().count());
+
+    let changed: Vec<String> = gen(&["--change", "6", "--version", "1"])
+        .lines()
+        .map(|p| site.url(p.trim_start_matches('/')))
+        .collect();
+    assert_eq!(changed.len(), 6);
+    let mut args = vec!["refetch"];
+    args.extend(changed.iter().map(String::as_str));
+    ok(&perc(&incremental, &args));
+    let v2_incremental = export(&incremental, &tmp.path().join("v2-incremental.jsonl"));
+    assert_ne!(v1, v2_incremental, "the change set changed the export");
+
+    let fresh = tmp.path().join("fresh");
+    ok(&perc(&fresh, &["crawl", "--seeds", s.to_str().unwrap()]));
+    let v2_fresh = export(&fresh, &tmp.path().join("v2-fresh.jsonl"));
+    assert_eq!(v2_incremental, v2_fresh, "incremental refetch equals a fresh crawl");
+}
