@@ -1,9 +1,10 @@
 //! export: keeps the serving copy of each page current (SPEC §6.6).
 //!
 //! - Trigger: `export:dirty` of `p:<url>` (weak: set by parse, rank, cluster and forward).
-//! - Reads: `page:meta`, `page:canonical`, `rank:indeg`, `fwd:inlinks`.
-//! - Writes: `export:line`, the page's JSON line, or removes it when the URL is not (or no
-//!   longer) a page.
+//! - Reads: `page:meta`, `page:canonical`, `rank:indeg`.
+//! - Writes: `export:line`, the page's JSON line without its inlinks (readers join those from
+//!   the `e:` rows, see [`crate::model::full_line`]), or removes it when the URL is not (or
+//!   no longer) a page.
 //! - Notifies: nobody; `perc export` reads these lines in URL order.
 //! - Twice is harmless: the line is a function of the current cells, written only if changed.
 
@@ -12,7 +13,7 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col, ExportLine, Inlink, Meta};
+use crate::model::{self, col, ExportLine, Meta};
 
 pub struct Export;
 
@@ -37,8 +38,6 @@ impl Observer for Export {
             .await?
             .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
             .unwrap_or(0);
-        let inlinks =
-            model::get_json::<Vec<Inlink>>(txn, row, col::FWD_INLINKS).await?.unwrap_or_default();
         let line = ExportLine {
             url: url.to_string(),
             canonical: canonical.unwrap_or_else(|| url.to_string()),
@@ -46,7 +45,7 @@ impl Observer for Export {
             title: meta.title,
             in_degree,
             noindex: meta.noindex,
-            inlinks,
+            inlinks: Vec::new(),
         };
         model::set_json_if_changed(txn, row, col::EXPORT_LINE, &line).await?;
         Ok(())

@@ -1,12 +1,15 @@
 //! forward: anchor forwarding to the canonical (SPEC §6.4): the canonical page carries the
 //! inlinks of every member of its cluster (and of their aliases).
 //!
-//! - Trigger: `fwd:dirty` of `p:<url>` (weak: set by cluster).
+//! - Trigger: `fwd:dirty` of `p:<url>` (weak: set by cluster, and by rank when a member's
+//!   alias set changes).
 //! - Reads: the page's `page:canonical` and `page:hash`, the cluster's members, and each
-//!   member's `rank:inlinks`.
-//! - Writes: `fwd:inlinks` = the union of the members' inlinks, sorted by (from, to), if the
-//!   page is its cluster's canonical; otherwise removes it.
-//! - Notifies: the page's export (weakly) when `fwd:inlinks` changed.
+//!   member's `rank:names`.
+//! - Writes: `fwd:names` = the union of the members' names (pages and aliases), sorted, if
+//!   the page is its cluster's canonical; otherwise removes it. The inlinks themselves stay in
+//!   their `e:` rows, where invert keeps them current; readers join them through these
+//!   names, so an inlink that changes costs no rewrite here, however many the page has.
+//! - Notifies: nobody (the export line's inlinks are joined when it is read).
 //! - Twice is harmless: a function of the current rows, written only when different.
 
 use async_trait::async_trait;
@@ -15,7 +18,7 @@ use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
 use crate::cluster::members;
-use crate::model::{self, col, Inlink};
+use crate::model::{self, col};
 
 pub struct Forward;
 
@@ -31,27 +34,22 @@ impl Observer for Forward {
         let canonical = txn.get(row, col::CANONICAL).await?.unwrap_or_default();
         let hash = String::from_utf8_lossy(&txn.get(row, col::HASH).await?.unwrap_or_default())
             .into_owned();
-        let changed = if hash.is_empty() || canonical != url.as_bytes() {
-            model::delete_if_present(txn, row, col::FWD_INLINKS).await?
-        } else {
-            let members = members(txn, &hash).await?;
-            let keys: Vec<(Bytes, Bytes)> = members
-                .iter()
-                .map(|m| (model::page(m), Bytes::from_static(col::OWN_INLINKS)))
-                .collect();
-            let mut all: Vec<Inlink> = Vec::new();
-            for v in txn.get_many(&keys).await?.into_iter().flatten() {
-                let part: Vec<Inlink> = serde_json::from_slice(&v)
-                    .map_err(|e| ObserverError::Failed(format!("rank:inlinks: {e}")))?;
-                all.extend(part);
-            }
-            all.sort();
-            all.dedup();
-            model::set_json_if_changed(txn, row, col::FWD_INLINKS, &all).await?
-        };
-        if changed {
-            txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
+        if hash.is_empty() || canonical != url.as_bytes() {
+            model::delete_if_present(txn, row, col::FWD_NAMES).await?;
+            return Ok(());
         }
+        let members = members(txn, &hash).await?;
+        let keys: Vec<(Bytes, Bytes)> =
+            members.iter().map(|m| (model::page(m), Bytes::from_static(col::NAMES))).collect();
+        let mut all: Vec<String> = Vec::new();
+        for v in txn.get_many(&keys).await?.into_iter().flatten() {
+            let part: Vec<String> = serde_json::from_slice(&v)
+                .map_err(|e| ObserverError::Failed(format!("rank:names: {e}")))?;
+            all.extend(part);
+        }
+        all.sort();
+        all.dedup();
+        model::set_json_if_changed(txn, row, col::FWD_NAMES, &all).await?;
         Ok(())
     }
 }

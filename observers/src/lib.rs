@@ -146,13 +146,27 @@ pub async fn load_recorded(
 /// The export snapshot: every page's line, in URL order.
 pub async fn export(client: &Client) -> Result<Vec<ExportLine>, TxnError> {
     let t = client.begin().await?;
-    t.scan(b"p:", b"p;", col::EXPORT_LINE)
+    let lines: Vec<ExportLine> = t
+        .scan(b"p:", b"p;", col::EXPORT_LINE)
         .await?
         .into_iter()
         .map(|(_, v)| {
             serde_json::from_slice(&v).map_err(|e| TxnError::Corrupt(format!("export line: {e}")))
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    // The canonical pages' inlinks, joined from the e: rows of their fwd:names.
+    let mut out = Vec::with_capacity(lines.len());
+    for chunk in lines.chunks(512) {
+        let keys: Vec<(Bytes, Bytes)> = chunk
+            .iter()
+            .map(|l| (model::page(&l.url), Bytes::from_static(col::FWD_NAMES)))
+            .collect();
+        let names = t.get_many(&keys).await?;
+        for (line, names) in chunk.iter().zip(names) {
+            out.push(model::full_line(&t, line.clone(), names).await?);
+        }
+    }
+    Ok(out)
 }
 
 /// What perc knows about one URL.
@@ -170,7 +184,8 @@ pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, TxnError>
     let t = client.begin().await?;
     let row = model::page(url.as_str());
     if let Some(line) = model::get_json::<ExportLine>(&t, &row, col::EXPORT_LINE).await? {
-        return Ok(PageInfo::Page(line));
+        let names = t.get(&row, col::FWD_NAMES).await?;
+        return Ok(PageInfo::Page(model::full_line(&t, line, names).await?));
     }
     if let Some(meta) = model::get_json::<Meta>(&t, &row, col::META).await? {
         return Ok(PageInfo::NotAPage(meta));

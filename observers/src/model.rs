@@ -10,9 +10,11 @@
 //!                            page:hash    content hash ("" if no page)   parse
 //!                            page:redirect target ("" if none)           parse
 //!                            page:canonical                              cluster
-//!                            rank:indeg, rank:inlinks                    rank
-//!                            fwd:inlinks  the cluster's inlinks          forward
-//!                            export:line  the serving copy (JSON)        export
+//!                            rank:indeg, rank:names (the alias set)      rank
+//!                            fwd:names    the names whose inlinks the    forward
+//!                                         canonical carries
+//!                            export:line  the serving copy (JSON; its    export
+//!                                         inlinks are read from the e: rows of fwd:names)
 //!                            dedup:registered, invert:done, alias:done   their observers' memory
 //!   e:<target>\0<source>     edge:anchor                                 invert
 //!   r:<target>\0<source>     alias:from   (source redirects to target)   alias
@@ -22,7 +24,11 @@
 //! ```
 //!
 //! Inlinks live in rows of their own under the target's prefix, so that a page every page
-//! links to is many small rows, not one huge one; readers get them with a prefix scan. Hot
+//! links to is many small rows, not one huge one; readers get them with a prefix scan. No
+//! observer copies them into a list: a list on a page every page links to would be rewritten,
+//! whole, on every change of any of its inlinks (O(in-degree) per update). The export line
+//! holds the page's own fields, and readers join the canonical's inlinks from the `e:` rows
+//! of its `fwd:names` ([`inlinks`]). Hot
 //! rows (`rank:dirty`, `cluster:dirty`, `fwd:dirty`, `export:dirty`) are only ever notified
 //! weakly: many writers, no conflicts.
 
@@ -45,14 +51,14 @@ pub mod col {
     pub const ALIAS_DONE: &[u8] = b"alias:done";
     pub const RANK_DIRTY: &[u8] = b"rank:dirty";
     pub const INDEG: &[u8] = b"rank:indeg";
-    pub const OWN_INLINKS: &[u8] = b"rank:inlinks";
+    pub const NAMES: &[u8] = b"rank:names";
     pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
     pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
     pub const MEMBER: &[u8] = b"cluster:member";
     pub const EDGE: &[u8] = b"edge:anchor";
     pub const ALIAS_FROM: &[u8] = b"alias:from";
     pub const FWD_DIRTY: &[u8] = b"fwd:dirty";
-    pub const FWD_INLINKS: &[u8] = b"fwd:inlinks";
+    pub const FWD_NAMES: &[u8] = b"fwd:names";
     pub const EXPORT_DIRTY: &[u8] = b"export:dirty";
     pub const EXPORT_LINE: &[u8] = b"export:line";
     pub const SCOPE: &[u8] = b"crawl:scope";
@@ -177,6 +183,41 @@ pub struct ExportLine {
     pub in_degree: u64,
     pub noindex: bool,
     pub inlinks: Vec<Inlink>,
+}
+
+/// Every edge whose target is one of `names`, sorted by (from, to): one prefix scan of the
+/// `e:` rows per name.
+pub async fn inlinks(txn: &Transaction, names: &[String]) -> Result<Vec<Inlink>, TxnError> {
+    let mut out = Vec::new();
+    for name in names {
+        let (start, end) = children("e:", name);
+        for (edge_row, anchor) in txn.scan(&start, &end, col::EDGE).await? {
+            let Some(source) = child_key(&edge_row) else { continue };
+            out.push(Inlink {
+                from: source.to_string(),
+                to: name.clone(),
+                anchor: String::from_utf8_lossy(&anchor).into_owned(),
+            });
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// A page's export line with its inlinks joined in (SPEC §6.6): the stored line holds none;
+/// the canonical page's are the edges into its `fwd:names`.
+pub async fn full_line(
+    txn: &Transaction,
+    mut line: ExportLine,
+    fwd_names: Option<Bytes>,
+) -> Result<ExportLine, TxnError> {
+    if let Some(raw) = fwd_names {
+        let names: Vec<String> = serde_json::from_slice(&raw)
+            .map_err(|e| TxnError::Corrupt(format!("fwd:names of {}: {e}", line.url)))?;
+        line.inlinks = inlinks(txn, &names).await?;
+    }
+    Ok(line)
 }
 
 /// Crawl settings the observers need, stored once per store.

@@ -6,7 +6,8 @@
 //! - Reads: `page:redirect`; the alias set (`r:` rows, followed hop by hop); every inlink row
 //!   `e:<url or alias>\0<source>`.
 //! - Writes: `rank:indeg` (distinct other source pages linking to the page or an alias) and
-//!   `rank:inlinks` (those edges, sorted by (from, to)), each only if it changed. An alias
+//!   `rank:names` (the page and its aliases, sorted), each only if it changed. No list of
+//!   inlinks: readers join them from the `e:` rows (see [`crate::model`]). An alias
 //!   instead passes the notification on to the end of its redirect chain (not hop by hop,
 //!   which would circle forever around a redirect cycle), and holds no rank itself.
 //! - Notifies: the page's cluster head (`cluster:dirty`, the cluster dedup registered it in;
@@ -22,7 +23,7 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col, Inlink};
+use crate::model::{self, col};
 
 /// How many redirect hops an alias may be from its page (more than any redirect limit).
 pub const ALIAS_HOPS_MAX: usize = 16;
@@ -46,26 +47,14 @@ impl Observer for Rank {
                 txn.notify(model::page(&end), Bytes::from_static(col::RANK_DIRTY));
             }
             let a = model::delete_if_present(txn, row, col::INDEG).await?;
-            let b = model::delete_if_present(txn, row, col::OWN_INLINKS).await?;
+            let b = model::delete_if_present(txn, row, col::NAMES).await?;
             if a || b {
                 notify_downstream(txn, row).await?;
             }
             return Ok(());
         }
-        let names = alias_set(txn, url).await?;
-        let mut inlinks = Vec::new();
-        for name in &names {
-            let (start, end) = model::children("e:", name);
-            for (edge_row, anchor) in txn.scan(&start, &end, col::EDGE).await? {
-                let Some(source) = model::child_key(&edge_row) else { continue };
-                inlinks.push(Inlink {
-                    from: source.to_string(),
-                    to: name.clone(),
-                    anchor: String::from_utf8_lossy(&anchor).into_owned(),
-                });
-            }
-        }
-        inlinks.sort();
+        let names: Vec<String> = alias_set(txn, url).await?.into_iter().collect();
+        let inlinks = model::inlinks(txn, &names).await?;
         let in_degree = inlinks
             .iter()
             .filter(|l| l.from != url)
@@ -74,7 +63,7 @@ impl Observer for Rank {
             .len();
         let a =
             model::set_if_changed(txn, row, col::INDEG, Bytes::from(in_degree.to_string())).await?;
-        let b = model::set_json_if_changed(txn, row, col::OWN_INLINKS, &inlinks).await?;
+        let b = model::set_json_if_changed(txn, row, col::NAMES, &names).await?;
         if a || b {
             notify_downstream(txn, row).await?;
         }

@@ -8,6 +8,7 @@ mod core;
 mod distributed;
 mod notify;
 mod pipeline;
+mod scaling;
 mod table;
 
 #[global_allocator]
@@ -35,6 +36,15 @@ enum Suite {
     Pipeline,
     /// Distributed mode: the oracle server, replay on the Bigtable emulator with 1-3 workers.
     Distributed,
+    /// The paper's claim on synthetic webs of 1k, 10k and 100k pages: replay, update
+    /// latency, rebuild against update, peak RSS.
+    Scaling,
+    /// One size of `scaling`, in a process of its own (run by `scaling`).
+    #[command(hide = true)]
+    ScalingOne {
+        #[arg(long)]
+        pages: usize,
+    },
     /// Every suite.
     All,
 }
@@ -46,11 +56,14 @@ fn main() -> anyhow::Result<()> {
         Suite::Notify => notify::run(args.scale),
         Suite::Pipeline => pipeline::run(args.scale),
         Suite::Distributed => distributed::run(args.scale),
+        Suite::Scaling => scaling::run(args.scale),
+        Suite::ScalingOne { pages } => scaling::one(pages),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
             pipeline::run(args.scale)?;
-            distributed::run(args.scale)
+            distributed::run(args.scale)?;
+            scaling::run(args.scale)
         }
     }
 }

@@ -103,6 +103,19 @@ impl SledStore {
         self.db.size_on_disk().map_err(io)
     }
 
+    /// Bytes of keys and values the store holds now, in every tree: what `size_on_disk`
+    /// would be without sled's log-structured space amplification.
+    pub fn live_bytes(&self) -> Result<u64> {
+        let mut total = 0u64;
+        for tree in [&self.rows, &self.blobs].into_iter().chain(self.own.values()) {
+            for kv in tree.iter() {
+                let (k, v) = kv.map_err(io)?;
+                total += (k.len() + v.len()) as u64;
+            }
+        }
+        Ok(total)
+    }
+
     fn decode_row(&self, raw: Option<&[u8]>) -> Result<RowCells<Stored>> {
         match raw {
             None => Ok(RowCells::default()),

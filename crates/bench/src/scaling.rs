@@ -1,0 +1,230 @@
+//! The paper's claim, measured: an update costs what the update touches, not what the
+//! repository holds. On synthetic webs (perc-synth) of 1k, 10k and 100k pages:
+//!
+//! 1. replay (load every page while the workers index, until quiescent): pages/s, store
+//!    calls per page, peak RSS, store size on disk;
+//! 2. update latency: change one page's content and links, and time until all its effects
+//!    are indexed (the workers quiescent again), p50 and p99 over 100 updates;
+//! 3. a full rebuild of the 100k pages (the replay from scratch) against one update;
+//! 4. peak RSS of the 100k replay.
+//!
+//! Each size runs in a child process of its own (`perc-bench scaling-one`), so that its peak
+//! RSS (VmHWM) is its own.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use perc_crawl::warc::Recorded;
+use perc_notify::{client_for, Engine, NotifyConfig, Workers};
+use perc_oracle::{LocalOracle, Oracle};
+use perc_store::{Counted, SledOptions, SledStore, Store};
+use perc_synth::{Change, Spec, Web};
+use perc_txn::{Clock, SystemClock, TxnConfig};
+
+use crate::table::{rate, scaled, Table};
+
+const UPDATES: usize = 100;
+const LOAD_BATCH: usize = 256;
+
+/// One size's figures, as the child prints them (`key=value` pairs on one line).
+#[derive(Debug, Default)]
+struct Figures {
+    pages: usize,
+    indexed: usize,
+    replay_s: f64,
+    calls_per_page: f64,
+    rss_kb: u64,
+    disk_bytes: u64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+impl Figures {
+    fn line(&self) -> String {
+        format!(
+            "pages={} indexed={} replay_s={} calls_per_page={} rss_kb={} disk_bytes={} p50_ms={} p99_ms={}",
+            self.pages,
+            self.indexed,
+            self.replay_s,
+            self.calls_per_page,
+            self.rss_kb,
+            self.disk_bytes,
+            self.p50_ms,
+            self.p99_ms
+        )
+    }
+
+    fn parse(line: &str) -> Result<Figures> {
+        let mut f = Figures::default();
+        for kv in line.split_whitespace() {
+            let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("bad figure {kv:?}"))?;
+            match k {
+                "pages" => f.pages = v.parse()?,
+                "indexed" => f.indexed = v.parse()?,
+                "replay_s" => f.replay_s = v.parse()?,
+                "calls_per_page" => f.calls_per_page = v.parse()?,
+                "rss_kb" => f.rss_kb = v.parse()?,
+                "disk_bytes" => f.disk_bytes = v.parse()?,
+                "p50_ms" => f.p50_ms = v.parse()?,
+                "p99_ms" => f.p99_ms = v.parse()?,
+                _ => bail!("unknown figure {k}"),
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// The peak resident set of this process, from /proc.
+fn peak_rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// The child: one size, start to end.
+pub fn one(pages: usize) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let f = rt.block_on(measure(pages))?;
+    println!("{}", f.line());
+    Ok(())
+}
+
+async fn measure(pages: usize) -> Result<Figures> {
+    let dir = tempfile::tempdir()?;
+    let sled =
+        Arc::new(SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default())?);
+    let store = Arc::new(Counted::new(sled.clone() as Arc<dyn Store>));
+    let shared: Arc<dyn Store> = store.clone();
+    let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(shared.clone(), 1_000_000).await?);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let registry = Arc::new(perc_observers::registry(Arc::new(crate::pipeline::Offline))?);
+    let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
+    let ec = client_for(shared.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
+        .await?;
+    let loader = client_for(shared, oracle, clock, TxnConfig::default(), registry.clone()).await?;
+    let config = NotifyConfig { concurrency: 32, gc_interval_ms: 0, ..NotifyConfig::default() };
+    let engine = Arc::new(Engine::new(ec, registry, config));
+    let workers = Workers::start(engine, &tokio::runtime::Handle::current());
+    let web = Web::new(Spec::new(pages, 11));
+
+    // 1. Replay: stream the web in, the workers indexing as it arrives.
+    let before = store.counts();
+    let start = Instant::now();
+    let mut batch = Vec::with_capacity(LOAD_BATCH);
+    for (url, response) in web.responses() {
+        batch.push(Recorded { url, response });
+        if batch.len() == LOAD_BATCH {
+            perc_observers::load_recorded(&loader, &batch).await?;
+            workers.kick();
+            batch.clear();
+        }
+    }
+    perc_observers::load_recorded(&loader, &batch).await?;
+    workers.wait().await?;
+    let replay_s = start.elapsed().as_secs_f64();
+    let calls = store.counts().row_ops() - before.row_ops();
+    let indexed = perc_observers::export(&loader).await?.len();
+
+    // 2. Update latency: one page's content and links change; wait for every effect.
+    let mut latencies = Vec::with_capacity(UPDATES);
+    for (n, (i, _)) in web.change_set(UPDATES, 5).into_iter().enumerate() {
+        let update = Recorded {
+            url: web.url(i),
+            response: web.changed(i, n as u32 + 1, Change::ContentAndLinks),
+        };
+        let t = Instant::now();
+        perc_observers::load_recorded(&loader, std::slice::from_ref(&update)).await?;
+        workers.wait().await?;
+        latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+    workers.shutdown().await;
+    sled.sync().await?;
+    eprintln!("live bytes {} MiB", sled.live_bytes()? >> 20);
+    Ok(Figures {
+        pages,
+        indexed,
+        replay_s,
+        calls_per_page: calls as f64 / indexed.max(1) as f64,
+        rss_kb: peak_rss_kb(),
+        disk_bytes: sled.size_on_disk()?,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    })
+}
+
+/// The parent: every size in a child, then the tables.
+pub fn run(scale: f64) -> Result<()> {
+    println!("# perc-bench scaling (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
+    let exe = std::env::current_exe()?;
+    let mut all = Vec::new();
+    for n in [1_000u64, 10_000, 100_000] {
+        let pages = scaled(n, scale) as usize;
+        let out = std::process::Command::new(&exe)
+            .args(["scaling-one", "--pages", &pages.to_string()])
+            .output()
+            .context("run perc-bench scaling-one")?;
+        if !out.status.success() {
+            bail!("scaling-one --pages {pages} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().last().ok_or_else(|| anyhow!("scaling-one printed nothing"))?;
+        all.push(Figures::parse(line)?);
+    }
+    let mut t = Table::new();
+    for f in &all {
+        t.add(
+            format!("replay, {} pages", f.pages),
+            rate(f.pages as u64, f.replay_s),
+            format!(
+                "{} indexed in {:.1} s; {:.1} store calls per page; peak RSS {} MiB; store {} MiB on disk",
+                f.indexed,
+                f.replay_s,
+                f.calls_per_page,
+                f.rss_kb / 1024,
+                f.disk_bytes >> 20
+            ),
+        );
+    }
+    for f in &all {
+        t.add(
+            format!("update latency, {} pages", f.pages),
+            format!("p50 {:.1} ms", f.p50_ms),
+            format!(
+                "p99 {:.1} ms over {UPDATES} updates (content and links of one page)",
+                f.p99_ms
+            ),
+        );
+    }
+    let (small, big) = (&all[0], &all[all.len() - 1]);
+    t.add(
+        format!("p50 update latency at {} / at {} pages", big.pages, small.pages),
+        format!("{:.2}", big.p50_ms / small.p50_ms),
+        "goal <= 1.5",
+    );
+    t.add(
+        format!("full rebuild of {} pages / one update", big.pages),
+        format!("{:.0}x", big.replay_s * 1000.0 / big.p50_ms),
+        format!("rebuild {:.1} s against p50 {:.1} ms (goal >= 1000x)", big.replay_s, big.p50_ms),
+    );
+    t.add(
+        format!("peak RSS, {} pages", big.pages),
+        format!("{} MiB", big.rss_kb / 1024),
+        format!(
+            "{} MiB at {} pages, {} MiB at {} (goal <= 1024 MiB, flat)",
+            small.rss_kb / 1024,
+            small.pages,
+            all[1.min(all.len() - 1)].rss_kb / 1024,
+            all[1.min(all.len() - 1)].pages
+        ),
+    );
+    t.print("scaling on synthetic webs");
+    Ok(())
+}
