@@ -3,7 +3,10 @@
 //! - Trigger: `page:links` of `p:<source>` (strong).
 //! - Reads: the links, and `invert:done` (the links inverted last time).
 //! - Writes: for each target added, or whose anchor changed, `e:<target>\0<source>` =
-//!   anchor; for each target no longer linked, deletes that row; then `invert:done`.
+//!   anchor; for each target no longer linked, deletes that row; for each edge added or
+//!   removed (to another page), +1 or -1 into `d:<target>\0<source>` (`rank:delta`, which
+//!   only this source's runs and the target's rank touch, so a page every page links to is
+//!   no hot cell); then `invert:done`.
 //! - Notifies: each affected target's `rank:dirty` (weakly: a page every page links to is a
 //!   hot row, and weak notifications never conflict).
 //! - Twice is harmless: the diff against `invert:done` is empty the second time.
@@ -43,16 +46,34 @@ impl Observer for Invert {
         if now == before {
             return Ok(());
         }
+        // Edges that appear (+1) or go (-1), for the targets' counts.
+        let mut deltas: Vec<(&String, i64)> = Vec::new();
         for (target, anchor) in &now {
             if before.get(target) != Some(anchor) {
                 txn.set(model::edge(target, source), Bytes::from_static(col::EDGE), anchor.clone());
                 txn.notify(model::page(target), Bytes::from_static(col::RANK_DIRTY));
+                if !before.contains_key(target) {
+                    deltas.push((target, 1));
+                }
             }
         }
         for target in before.keys() {
             if !now.contains_key(target) {
                 txn.delete(model::edge(target, source), Bytes::from_static(col::EDGE));
                 txn.notify(model::page(target), Bytes::from_static(col::RANK_DIRTY));
+                deltas.push((target, -1));
+            }
+        }
+        deltas.retain(|(target, _)| target.as_str() != source);
+        let keys: Vec<(Bytes, Bytes)> = deltas
+            .iter()
+            .map(|(t, _)| (model::delta(t, source), Bytes::from_static(col::DELTA)))
+            .collect();
+        let pending = txn.get_many(&keys).await?;
+        for ((key, _), ((_, d), old)) in keys.into_iter().zip(deltas.iter().zip(pending)) {
+            match model::count_of(old)? + d {
+                0 => txn.delete(key, Bytes::from_static(col::DELTA)),
+                n => txn.set(key, Bytes::from_static(col::DELTA), n.to_string()),
             }
         }
         let done: Vec<(String, String)> = now.into_iter().collect();

@@ -17,6 +17,9 @@
 //!                                         inlinks are read from the e: rows of fwd:names)
 //!                            dedup:registered, invert:done, alias:done   their observers' memory
 //!   e:<target>\0<source>     edge:anchor                                 invert
+//!   d:<target>\0<source>     rank:delta   +n/-n edges not yet counted    invert (rank
+//!                                         folds them into rank:base and deletes them)
+//!   p:<target>               rank:base    edges into this URL, counted   rank
 //!   r:<target>\0<source>     alias:from   (source redirects to target)   alias
 //!   c:<hash>                 cluster:canonical                           cluster
 //!   c:<hash>\0<url>          cluster:member                              dedup
@@ -52,6 +55,8 @@ pub mod col {
     pub const RANK_DIRTY: &[u8] = b"rank:dirty";
     pub const INDEG: &[u8] = b"rank:indeg";
     pub const NAMES: &[u8] = b"rank:names";
+    pub const BASE: &[u8] = b"rank:base";
+    pub const DELTA: &[u8] = b"rank:delta";
     pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
     pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
     pub const MEMBER: &[u8] = b"cluster:member";
@@ -75,6 +80,22 @@ pub fn url_of(row: &[u8]) -> Option<&str> {
 
 pub fn edge(target: &str, source: &str) -> Bytes {
     Bytes::from(format!("e:{target}\0{source}"))
+}
+
+/// The row holding a not yet counted change of the edges from `source` into `target`.
+pub fn delta(target: &str, source: &str) -> Bytes {
+    Bytes::from(format!("d:{target}\0{source}"))
+}
+
+/// A counter cell's value (a decimal integer; absent: 0).
+pub fn count_of(raw: Option<Bytes>) -> Result<i64, TxnError> {
+    match raw {
+        None => Ok(0),
+        Some(v) => std::str::from_utf8(&v)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| TxnError::Corrupt(format!("counter {:?}", v))),
+    }
 }
 
 /// The row range `[start, end)` of rows `<prefix><key>\0…`.

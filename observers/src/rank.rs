@@ -3,9 +3,13 @@
 //! - Trigger: `rank:dirty` of `p:<url>` (weak: set by invert and alias on every change of the
 //!   page's inlinks or aliases, and by parse when the page starts or stops redirecting; a
 //!   popular page is a hot row).
-//! - Reads: `page:redirect`; the alias set (`r:` rows, followed hop by hop); every inlink row
-//!   `e:<url or alias>\0<source>`.
-//! - Writes: `rank:indeg` (distinct other source pages linking to the page or an alias) and
+//! - Reads: `page:redirect`; the alias set (`r:` rows, followed hop by hop); the page's count
+//!   of inlinks (`rank:base`) and the changes invert left since (`d:<url>\0…`); the inlink
+//!   rows of its aliases only (`e:<alias>\0…`, with one point read per source into the page
+//!   itself, so that a source linking to several names counts once). The cost follows the
+//!   changes and the aliases' in-degrees, never the page's own in-degree.
+//! - Writes: `rank:base` (the count with the changes folded in, which it deletes),
+//!   `rank:indeg` (distinct other source pages linking to the page or an alias) and
 //!   `rank:names` (the page and its aliases, sorted), each only if it changed. No list of
 //!   inlinks: readers join them from the `e:` rows (see [`crate::model`]). An alias
 //!   instead passes the notification on to the end of its redirect chain (not hop by hop,
@@ -54,13 +58,7 @@ impl Observer for Rank {
             return Ok(());
         }
         let names: Vec<String> = alias_set(txn, url).await?.into_iter().collect();
-        let inlinks = model::inlinks(txn, &names).await?;
-        let in_degree = inlinks
-            .iter()
-            .filter(|l| l.from != url)
-            .map(|l| l.from.as_str())
-            .collect::<BTreeSet<_>>()
-            .len();
+        let in_degree = in_degree(txn, row, url, &names).await?;
         let a =
             model::set_if_changed(txn, row, col::INDEG, Bytes::from(in_degree.to_string())).await?;
         let b = model::set_json_if_changed(txn, row, col::NAMES, &names).await?;
@@ -69,6 +67,43 @@ impl Observer for Rank {
         }
         Ok(())
     }
+}
+
+/// Distinct other pages with an edge into `url` or one of its aliases. Edges into `url` itself
+/// are counted (`rank:base`, plus invert's pending changes, folded in here); the aliases'
+/// edges are read, and each of their sources is checked against `url`'s edges with a point
+/// read, so a source that links to several names counts once.
+async fn in_degree(
+    txn: &mut Transaction,
+    row: &Bytes,
+    url: &str,
+    names: &[String],
+) -> Result<u64, ObserverError> {
+    let (start, end) = model::children("d:", url);
+    let pending = txn.scan(&start, &end, col::DELTA).await?;
+    let mut own = model::count_of(txn.get(row, col::BASE).await?)?;
+    for (delta_row, v) in &pending {
+        own += model::count_of(Some(v.clone()))?;
+        txn.delete(delta_row.clone(), Bytes::from_static(col::DELTA));
+    }
+    if own < 0 {
+        return Err(ObserverError::Failed(format!("{url}: inlink count {own} below zero")));
+    }
+    if !pending.is_empty() {
+        model::set_if_changed(txn, row, col::BASE, Bytes::from(own.to_string())).await?;
+    }
+    // Sources of the aliases' edges that do not also link to the page itself.
+    let aliases: Vec<String> = names.iter().filter(|n| n.as_str() != url).cloned().collect();
+    let sources: BTreeSet<String> = model::inlinks(txn, &aliases)
+        .await?
+        .into_iter()
+        .map(|l| l.from)
+        .filter(|s| s != url)
+        .collect();
+    let keys: Vec<(Bytes, Bytes)> =
+        sources.iter().map(|s| (model::edge(url, s), Bytes::from_static(col::EDGE))).collect();
+    let extra = txn.get_many(&keys).await?.iter().filter(|e| e.is_none()).count();
+    Ok(own as u64 + extra as u64)
 }
 
 /// Tells the page's cluster and its export that its rank changed.
