@@ -145,6 +145,22 @@ pub async fn load_recorded(
 
 /// The export snapshot: every page's line, in URL order.
 pub async fn export(client: &Client) -> Result<Vec<ExportLine>, TxnError> {
+    let mut out = Vec::new();
+    export_each(client, |line| {
+        out.push(line);
+        Ok::<_, TxnError>(())
+    })
+    .await?;
+    Ok(out)
+}
+
+/// The export, one line at a time in URL order, each handed to `each` as soon as its inlinks
+/// are joined: memory holds the pages' own fields, not every inlink. An error from `each`
+/// stops it and is returned.
+pub async fn export_each<E: From<TxnError>>(
+    client: &Client,
+    mut each: impl FnMut(ExportLine) -> Result<(), E>,
+) -> Result<(), E> {
     let t = client.begin().await?;
     let lines: Vec<ExportLine> = t
         .scan(b"p:", b"p;", col::EXPORT_LINE)
@@ -155,7 +171,6 @@ pub async fn export(client: &Client) -> Result<Vec<ExportLine>, TxnError> {
         })
         .collect::<Result<_, _>>()?;
     // The canonical pages' inlinks, joined from the e: rows of their fwd:names.
-    let mut out = Vec::with_capacity(lines.len());
     for chunk in lines.chunks(512) {
         let keys: Vec<(Bytes, Bytes)> = chunk
             .iter()
@@ -163,10 +178,10 @@ pub async fn export(client: &Client) -> Result<Vec<ExportLine>, TxnError> {
             .collect();
         let names = t.get_many(&keys).await?;
         for (line, names) in chunk.iter().zip(names) {
-            out.push(model::full_line(&t, line.clone(), names).await?);
+            each(model::full_line(&t, line.clone(), names).await?)?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// What perc knows about one URL.

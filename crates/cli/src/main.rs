@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
+use perc_crawl::warc::Recorded;
 use perc_observers::model::CrawlScope;
 use perc_observers::PageInfo;
 use url::Url;
@@ -184,13 +185,32 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let mut problems = 0;
             let mut loaded = 0;
             for f in &files {
-                let (records, issues) = perc_crawl::warc::read(f, app.config.crawl.body_bytes_max)?;
+                // Records stream from a reading thread in batches: memory stays flat in the
+                // size of the file.
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Recorded>>(4);
+                let (path, max) = (f.clone(), app.config.crawl.body_bytes_max);
+                let reading = tokio::task::spawn_blocking(move || {
+                    let mut batch = Vec::with_capacity(REPLAY_BATCH);
+                    let issues = perc_crawl::warc::read_each(&path, max, |r| {
+                        batch.push(r);
+                        if batch.len() == REPLAY_BATCH {
+                            let _ = tx.blocking_send(std::mem::take(&mut batch));
+                        }
+                    })?;
+                    if !batch.is_empty() {
+                        let _ = tx.blocking_send(batch);
+                    }
+                    Ok::<_, std::io::Error>(issues)
+                });
+                while let Some(batch) = rx.recv().await {
+                    loaded += batch.len();
+                    perc_observers::load_recorded(&app.client, &batch).await?;
+                }
+                let issues = reading.await??;
                 for i in &issues {
                     eprintln!("warning: {i}");
                 }
                 problems += issues.len();
-                loaded += records.len();
-                perc_observers::load_recorded(&app.client, &records).await?;
             }
             let s = app.run_until_quiet("replay").await?;
             println!(
@@ -246,9 +266,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Export { out } => {
             let app = App::open(config, Fetching::Offline).await?;
-            let lines = perc_observers::export(&app.client).await?;
-            write_export(&out, &lines)?;
-            println!("exported {} pages to {}", lines.len(), out.display());
+            let n = write_export(&app, &out).await?;
+            println!("exported {n} pages to {}", out.display());
             app.close().await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -297,6 +316,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+/// Responses a replay loads per transaction batch.
+const REPLAY_BATCH: usize = 256;
+
 async fn crawl(app: &App, seeds: &[Url], prefixes: &[String]) -> Result<()> {
     let mut all_prefixes = app.config.crawl.prefixes.clone();
     all_prefixes.extend(prefixes.iter().cloned());
@@ -320,21 +342,28 @@ async fn crawl(app: &App, seeds: &[Url], prefixes: &[String]) -> Result<()> {
 }
 
 async fn count_pages(app: &App) -> Result<usize> {
-    Ok(perc_observers::export(&app.client).await?.len())
+    let t = app.client.begin().await?;
+    Ok(t.scan(b"p:", b"p;", perc_observers::model::col::EXPORT_LINE).await?.len())
 }
 
-fn write_export(out: &Path, lines: &[perc_observers::model::ExportLine]) -> Result<()> {
+/// Writes the export as it is read (a temporary file renamed at the end, so a reader never
+/// sees half of one); returns the number of pages.
+async fn write_export(app: &App, out: &Path) -> Result<usize> {
     let tmp = out.with_extension("jsonl.tmp");
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?,
     );
-    for l in lines {
-        serde_json::to_writer(&mut f, l)?;
+    let mut n = 0;
+    perc_observers::export_each(&app.client, |l| {
+        serde_json::to_writer(&mut f, &l)?;
         f.write_all(b"\n")?;
-    }
+        n += 1;
+        Ok::<_, anyhow::Error>(())
+    })
+    .await?;
     f.into_inner().map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?.sync_all()?;
     std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))?;
-    Ok(())
+    Ok(n)
 }
 
 async fn status(app: &App) -> Result<()> {

@@ -36,9 +36,21 @@ pub struct Recorded {
 }
 
 /// Reads every response record of `path`: the good ones, and an issue for each bad one.
-/// Only a file that cannot be opened at all is an error.
+/// Only a file that cannot be opened at all is an error. Holds the whole file's records in
+/// memory: [`read_each`] streams.
 pub fn read(path: &Path, body_bytes_max: u64) -> io::Result<(Vec<Recorded>, Vec<WarcIssue>)> {
     let mut out = Vec::new();
+    let issues = read_each(path, body_bytes_max, |r| out.push(r))?;
+    Ok((out, issues))
+}
+
+/// Hands each good response record of `path` to `each` as it is read, one record in memory
+/// at a time; returns an issue for each bad one.
+pub fn read_each(
+    path: &Path,
+    body_bytes_max: u64,
+    mut each: impl FnMut(Recorded),
+) -> io::Result<Vec<WarcIssue>> {
     let mut issues = Vec::new();
     let file = File::open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
@@ -84,7 +96,7 @@ pub fn read(path: &Path, body_bytes_max: u64) -> io::Result<(Vec<Recorded>, Vec<
             record.len() as u64
         };
         match parse_record(&record, body_bytes_max) {
-            Ok(Some(r)) => out.push(r),
+            Ok(Some(r)) => each(r),
             Ok(None) => {}
             Err(message) => issues.push(issue(offset, message)),
         }
@@ -93,7 +105,7 @@ pub fn read(path: &Path, body_bytes_max: u64) -> io::Result<(Vec<Recorded>, Vec<
             reader.seek(SeekFrom::Start(offset))?;
         }
     }
-    Ok((out, issues))
+    Ok(issues)
 }
 
 /// The position of the next `magic` at or after `from` (the reader is left there).
