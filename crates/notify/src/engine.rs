@@ -174,6 +174,9 @@ pub struct Engine {
     /// Runs in flight, and runs ever started: quiescence needs both.
     pub(crate) in_flight: AtomicUsize,
     pub(crate) started: AtomicU64,
+    /// Leases refused: another scanner (of this process or another) holds the notification.
+    /// Scanners read it to tell that they are right behind someone else.
+    pub(crate) lease_refused: AtomicU64,
     /// Signalled whenever a run finishes.
     pub(crate) progress: tokio::sync::Notify,
 }
@@ -227,6 +230,7 @@ impl Engine {
             learned: Mutex::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
+            lease_refused: AtomicU64::new(0),
             progress: tokio::sync::Notify::new(),
         }
     }
@@ -301,6 +305,7 @@ impl Engine {
             return Ok(RunOutcome::Busy);
         }
         let Some(_lease) = self.lease.try_acquire(&p.row, &p.column).await else {
+            self.lease_refused.fetch_add(1, Ordering::Relaxed);
             return Ok(RunOutcome::Busy);
         };
         let counters = &self.counters[&reg.name];

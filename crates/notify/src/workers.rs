@@ -12,6 +12,10 @@
 //! load the runs it would trigger one by one (a page's in-degree, once per inlink as the
 //! linking pages arrive) collapse into one. An idle worker runs it at once.
 //!
+//! Scanners of other processes are invisible here, but their leases are not: a scanner whose
+//! last batch was mostly refused leases (someone else was running those very notifications)
+//! jumps to a new random place too, so workers sharing a store spread out without talking.
+//!
 //! Beside the scanners run a heartbeat (liveness and low watermark) and, if configured, the
 //! garbage collector. [`Workers::wait`] returns at quiescence: no notification pending and
 //! no run in flight, cascades included.
@@ -145,6 +149,9 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     // The earliest moment a notification held back this round is due.
     let mut due: Option<u64> = None;
     let busy_runs = (config.concurrency / 2).max(1);
+    // The last batch: how many runs it dispatched, and the refusal count before it.
+    let mut last_dispatched = 0u64;
+    let mut refused_before = engine.lease_refused.load(Ordering::Relaxed);
     while !shared.stop.load(Ordering::SeqCst) {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
@@ -160,7 +167,11 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 let positions = shared.positions.lock().unwrap_or_else(|e| e.into_inner());
                 right_behind(me, &positions, &first.row, &last.row)
             };
-            if behind {
+            let refused = engine.lease_refused.load(Ordering::Relaxed) - refused_before;
+            let crowded = last_dispatched >= 4 && refused * 2 >= last_dispatched;
+            if behind || crowded {
+                last_dispatched = 0;
+                refused_before = engine.lease_refused.load(Ordering::Relaxed);
                 pos = random_start(&shared, &mut rng);
                 continue;
             }
@@ -177,6 +188,8 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             }
             found_since_wrap = true;
         }
+        refused_before = engine.lease_refused.load(Ordering::Relaxed);
+        last_dispatched = 0;
         for p in batch {
             if config.gather_ms > 0 && engine.is_weak(&p.column) {
                 let now = engine.client().clock().now_ms();
@@ -192,6 +205,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 seen.remove(&key);
             }
             dispatched_since_wrap = true;
+            last_dispatched += 1;
             let Ok(permit) = shared.permits.clone().acquire_owned().await else { return };
             engine.begin_tracked();
             let engine = engine.clone();
