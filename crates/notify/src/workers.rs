@@ -152,6 +152,9 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     // The last batch: how many runs it dispatched, and the refusal count before it.
     let mut last_dispatched = 0u64;
     let mut refused_before = engine.lease_refused.load(Ordering::Relaxed);
+    // Whether this round, or the last, found strong notifications: work upstream of the weak
+    // ones, which then wait longer (up to four windows) so they run after it.
+    let (mut strong_now, mut strong_last) = (false, false);
     while !shared.stop.load(Ordering::SeqCst) {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
@@ -191,14 +194,17 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
         refused_before = engine.lease_refused.load(Ordering::Relaxed);
         last_dispatched = 0;
         for p in batch {
-            if config.gather_ms > 0 && engine.is_weak(&p.column) {
+            let weak = engine.is_weak(&p.column);
+            strong_now |= !weak;
+            if config.gather_ms > 0 && weak {
                 let now = engine.client().clock().now_ms();
                 let mut seen = shared.first_seen.lock().unwrap_or_else(|e| e.into_inner());
                 let key = (p.row.clone(), p.column.clone());
                 let first = *seen.entry(key.clone()).or_insert(now);
                 let busy = engine.in_flight.load(Ordering::SeqCst) >= busy_runs;
-                if busy && now < first + config.gather_ms {
-                    let at = first + config.gather_ms;
+                let window = if strong_now || strong_last { 4 } else { 1 } * config.gather_ms;
+                if busy && now < first + window {
+                    let at = first + window;
                     due = Some(due.map_or(at, |d| d.min(at)));
                     continue;
                 }
@@ -249,6 +255,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 found_since_wrap = false;
                 dispatched_since_wrap = false;
                 due = None;
+                strong_last = std::mem::take(&mut strong_now);
             }
         }
     }
