@@ -171,14 +171,16 @@ pub async fn export_each<E: From<TxnError>>(
         })
         .collect::<Result<_, _>>()?;
     // The canonical pages' inlinks, joined from the e: rows of their fwd:names.
-    for chunk in lines.chunks(512) {
+    let mut lines = lines.into_iter().peekable();
+    while lines.peek().is_some() {
+        let chunk: Vec<ExportLine> = lines.by_ref().take(512).collect();
         let keys: Vec<(Bytes, Bytes)> = chunk
             .iter()
             .map(|l| (model::page(&l.url), Bytes::from_static(col::FWD_NAMES)))
             .collect();
         let names = t.get_many(&keys).await?;
-        for (line, names) in chunk.iter().zip(names) {
-            each(model::full_line(&t, line.clone(), names).await?)?;
+        for (line, names) in chunk.into_iter().zip(names) {
+            each(model::full_line(&t, line, names).await?)?;
         }
     }
     Ok(())

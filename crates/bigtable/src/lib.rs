@@ -308,13 +308,10 @@ impl Store for BigtableStore {
         for r in rows {
             validate_reads(&self.schema, &r.row, &r.reads)?;
         }
-        let same = |a: &RowRead, b: &RowRead| {
-            a.reads.len() == b.reads.len()
-                && a.reads.iter().zip(&b.reads).all(|(x, y)| {
-                    x.column == y.column && x.range == y.range && x.versions == y.versions
-                })
-        };
-        if rows.len() > 1 && rows.iter().all(|r| same(r, &rows[0])) && !rows[0].reads.is_empty() {
+        if rows.len() > 1
+            && rows.iter().all(|r| r.reads == rows[0].reads)
+            && !rows[0].reads.is_empty()
+        {
             let mut keys: Vec<Vec<u8>> = rows.iter().map(|r| r.row.to_vec()).collect();
             keys.sort();
             keys.dedup();

@@ -422,8 +422,9 @@ impl Engine {
     fn learn(&self, reg: &Registration, p: &Pending, txn: &perc_txn::Transaction) {
         let mut learned = self.learned.lock().unwrap_or_else(|e| e.into_inner());
         let set = learned.entry(reg.name.clone()).or_default();
+        let ack = reg.ack_column();
         for (row, column) in txn.read_set() {
-            if row == p.row && set.len() < PREFETCH_COLUMNS_MAX && column != reg.ack_column() {
+            if row == p.row && set.len() < PREFETCH_COLUMNS_MAX && column != ack {
                 set.insert(column);
             }
         }

@@ -174,7 +174,6 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             let crowded = last_dispatched >= 4 && refused * 2 >= last_dispatched;
             if behind || crowded {
                 last_dispatched = 0;
-                refused_before = engine.lease_refused.load(Ordering::Relaxed);
                 pos = random_start(&shared, &mut rng);
                 continue;
             }

@@ -191,7 +191,7 @@ pub struct Cell {
 }
 
 /// Read up to `versions` cells of `column` with timestamps in `range`, newest first.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ColumnRead {
     pub column: Column,
     pub range: TsRange,

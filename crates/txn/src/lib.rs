@@ -393,6 +393,7 @@ impl Transaction {
         cells: &[(Bytes, Bytes)],
     ) -> Result<Vec<Option<Version>>, TxnError> {
         let mut by_row: Vec<(Bytes, Vec<Bytes>)> = Vec::new();
+        let mut index: HashMap<Bytes, usize> = HashMap::new();
         {
             let cache = self.reads_lock();
             let mut wanted = BTreeSet::new();
@@ -400,9 +401,12 @@ impl Transaction {
                 if cache.contains_key(key) || !wanted.insert(key) {
                     continue;
                 }
-                match by_row.iter_mut().find(|(row, _)| *row == key.0) {
-                    Some((_, columns)) => columns.push(key.1.clone()),
-                    None => by_row.push((key.0.clone(), vec![key.1.clone()])),
+                match index.get(&key.0) {
+                    Some(&i) => by_row[i].1.push(key.1.clone()),
+                    None => {
+                        index.insert(key.0.clone(), by_row.len());
+                        by_row.push((key.0.clone(), vec![key.1.clone()]));
+                    }
                 }
             }
         }
