@@ -13,7 +13,6 @@ use perc_notify::{client_for, Engine, NotifyConfig, StoreLease, Workers};
 use perc_oracle::{ClientConfig, LocalOracle, Oracle, RemoteOracle};
 use perc_store::{Counted, MemStore, Schema, Store};
 use perc_txn::{Clock, SystemClock, TxnConfig};
-use url::Url;
 
 use crate::table::{rate, scaled, Table};
 
@@ -70,14 +69,9 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let connect = || RemoteOracle::connect(&addr, ClientConfig::default());
     let n = scaled(500, scale) as usize;
-    let pages = crate::pipeline::site(n, 7);
-    let recorded: Vec<Recorded> = pages
-        .iter()
-        .map(|(p, r)| Recorded {
-            url: Url::parse(&format!("http://site.test{p}")).unwrap(),
-            response: r.clone(),
-        })
-        .collect();
+    let web = perc_synth::Web::new(perc_synth::Spec::new(n, 7));
+    let recorded: Vec<Recorded> =
+        web.responses().map(|(url, response)| Recorded { url, response }).collect();
     let mut running = Vec::new();
     let mut engines = Vec::new();
     for _ in 0..workers {

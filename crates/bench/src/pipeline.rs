@@ -1,5 +1,5 @@
 //! The indexing pipeline's figures: replay throughput end to end (load, then quiescence) on
-//! a generated site, against the bare work of parsing, hashing and extracting links from the
+//! a synthetic web of 3000 pages (perc-synth, seed 7), against the bare work of parsing, hashing and extracting links from the
 //! same pages with no store (the physical limit); crawl throughput against the same site
 //! served on 127.0.0.1; store operations per indexed page.
 
@@ -7,93 +7,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use bytes::Bytes;
 use perc_crawl::warc::Recorded;
 use perc_crawl::{
-    Crawler, FetchLimits, HttpFetcher, Polite, PolitenessConfig, Response, RobotsCache, Source,
+    Crawler, FetchLimits, HttpFetcher, Polite, PolitenessConfig, RobotsCache, Source,
 };
 use perc_notify::{client_for, Engine, NotifyConfig, Workers};
 use perc_observers::model::CrawlScope;
 use perc_oracle::{LocalOracle, Oracle};
 use perc_store::{Counted, OpCounts, SledOptions, SledStore, Store};
+use perc_synth::{Spec, Web};
 use perc_txn::{Clock, SystemClock, TxnConfig};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use url::Url;
 
 use crate::table::{rate, scaled, Table};
-
-const WORDS: [&str; 16] = [
-    "index", "page", "widget", "gadget", "crawl", "order", "shipping", "price", "review", "about",
-    "news", "story", "market", "garden", "river", "stone",
-];
-
-/// A site of `n` pages: ~10 KB of text, 10-30 links with a skewed choice of targets (a few
-/// pages get most links), 5% exact duplicates, 2% redirects, 2% links to missing pages.
-pub fn site(n: usize, seed: u64) -> Vec<(String, Response)> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let path = |i: usize| format!("/p/{i}.html");
-    let mut out: Vec<(String, Response)> = Vec::with_capacity(n);
-    let mut bodies: Vec<Bytes> = Vec::new();
-    for i in 0..n {
-        let r = if i > 0 && rng.random_bool(0.02) {
-            Response {
-                status: 301,
-                content_type: Some("text/html".into()),
-                charset: None,
-                location: Some(
-                    Url::parse(&format!("http://site.test{}", path(rng.random_range(0..n))))
-                        .unwrap(),
-                ),
-                retry_after_s: None,
-                body: Bytes::new(),
-            }
-        } else {
-            let body = if !bodies.is_empty() && rng.random_bool(0.05) {
-                bodies[rng.random_range(0..bodies.len())].clone()
-            } else {
-                let mut b = format!(
-                    "<!doctype html><html><head><title>Page {i} {}</title></head><body>",
-                    WORDS[i % 16]
-                );
-                for _ in 0..rng.random_range(10..30) {
-                    // Skewed targets: squaring a uniform draw favours small page numbers.
-                    let u: f64 = rng.random();
-                    let t = if rng.random_bool(0.02) {
-                        n + rng.random_range(0..100)
-                    } else {
-                        ((u * u) * n as f64) as usize
-                    };
-                    b.push_str(&format!(
-                        "<p>{}</p><a href=\"{}\">{} {}</a>\n",
-                        text(&mut rng, 60),
-                        path(t),
-                        WORDS[t % 16],
-                        t
-                    ));
-                }
-                b.push_str("</body></html>");
-                let b = Bytes::from(b);
-                bodies.push(b.clone());
-                b
-            };
-            Response {
-                status: 200,
-                content_type: Some("text/html".into()),
-                charset: Some("utf-8".into()),
-                location: None,
-                retry_after_s: None,
-                body,
-            }
-        };
-        out.push((path(i), r));
-    }
-    out
-}
-
-fn text(rng: &mut StdRng, words: usize) -> String {
-    (0..words).map(|_| WORDS[rng.random_range(0..16)]).collect::<Vec<_>>().join(" ")
-}
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -159,14 +85,13 @@ pub fn run(scale: f64) -> Result<()> {
             "# perc-bench pipeline (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)"
         );
         let n = scaled(3_000, scale) as usize;
-        let pages = site(n, 7);
+        let web = Web::new(Spec::new(n, 7));
         let mut t = Table::new();
 
         // The physical limit: parse, hash and extract links, nothing stored.
         let start = Instant::now();
         let mut links = 0usize;
-        for (p, r) in &pages {
-            let url = Url::parse(&format!("http://site.test{p}"))?;
+        for (url, r) in web.responses() {
             if r.status == 200 {
                 let parsed = perc_crawl::parse(&url, &r.body, r.charset.as_deref());
                 std::hint::black_box(perc_crawl::content_hash(&r.body));
@@ -182,13 +107,8 @@ pub fn run(scale: f64) -> Result<()> {
 
         // Replay: load every response, run the pipeline to quiescence.
         let s = setup(Arc::new(Offline)).await?;
-        let recorded: Vec<Recorded> = pages
-            .iter()
-            .map(|(p, r)| Recorded {
-                url: Url::parse(&format!("http://site.test{p}")).unwrap(),
-                response: r.clone(),
-            })
-            .collect();
+        let recorded: Vec<Recorded> =
+            web.responses().map(|(url, response)| Recorded { url, response }).collect();
         let before = s.store.counts();
         let start = Instant::now();
         perc_observers::load_recorded(&s.client, &recorded).await?;
@@ -216,19 +136,7 @@ pub fn run(scale: f64) -> Result<()> {
 
         // Crawl: the same site served on 127.0.0.1.
         let dir = tempfile::tempdir()?;
-        for (p, r) in &pages {
-            let f = dir.path().join(p.trim_start_matches('/'));
-            std::fs::create_dir_all(f.parent().unwrap())?;
-            if r.status == 200 {
-                std::fs::write(&f, &r.body)?;
-            }
-        }
-        let redirects: String = pages
-            .iter()
-            .filter(|(_, r)| r.status == 301)
-            .map(|(p, r)| format!("{p} {} 301\n", r.location.as_ref().unwrap().path()))
-            .collect();
-        std::fs::write(dir.path().join("_redirects"), redirects)?;
+        perc_synth::write::site(&web, dir.path())?;
         let served = perc_cli::site::serve(dir.path()).await?;
         let base = served.base();
         let limits = FetchLimits::default();

@@ -27,8 +27,8 @@ use crate::table::{rate, scaled, Table};
 const UPDATES: usize = 100;
 const LOAD_BATCH: usize = 256;
 
-/// One size's figures, as the child prints them (`key=value` pairs on one line).
-#[derive(Debug, Default)]
+/// One size's figures, as the child prints them (one JSON line).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Figures {
     pages: usize,
     indexed: usize,
@@ -38,41 +38,6 @@ struct Figures {
     disk_bytes: u64,
     p50_ms: f64,
     p99_ms: f64,
-}
-
-impl Figures {
-    fn line(&self) -> String {
-        format!(
-            "pages={} indexed={} replay_s={} calls_per_page={} rss_kb={} disk_bytes={} p50_ms={} p99_ms={}",
-            self.pages,
-            self.indexed,
-            self.replay_s,
-            self.calls_per_page,
-            self.rss_kb,
-            self.disk_bytes,
-            self.p50_ms,
-            self.p99_ms
-        )
-    }
-
-    fn parse(line: &str) -> Result<Figures> {
-        let mut f = Figures::default();
-        for kv in line.split_whitespace() {
-            let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("bad figure {kv:?}"))?;
-            match k {
-                "pages" => f.pages = v.parse()?,
-                "indexed" => f.indexed = v.parse()?,
-                "replay_s" => f.replay_s = v.parse()?,
-                "calls_per_page" => f.calls_per_page = v.parse()?,
-                "rss_kb" => f.rss_kb = v.parse()?,
-                "disk_bytes" => f.disk_bytes = v.parse()?,
-                "p50_ms" => f.p50_ms = v.parse()?,
-                "p99_ms" => f.p99_ms = v.parse()?,
-                _ => bail!("unknown figure {k}"),
-            }
-        }
-        Ok(f)
-    }
 }
 
 /// The peak resident set of this process, from /proc.
@@ -91,7 +56,7 @@ fn peak_rss_kb() -> u64 {
 pub fn one(pages: usize) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let f = rt.block_on(measure(pages))?;
-    println!("{}", f.line());
+    println!("{}", serde_json::to_string(&f)?);
     Ok(())
 }
 
@@ -172,7 +137,7 @@ async fn measure(pages: usize) -> Result<Figures> {
 pub fn run(scale: f64) -> Result<()> {
     println!("# perc-bench scaling (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
     let exe = std::env::current_exe()?;
-    let mut all = Vec::new();
+    let mut all: Vec<Figures> = Vec::new();
     for n in [1_000u64, 10_000, 100_000] {
         let pages = scaled(n, scale) as usize;
         let out = std::process::Command::new(&exe)
@@ -184,7 +149,7 @@ pub fn run(scale: f64) -> Result<()> {
         }
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text.lines().last().ok_or_else(|| anyhow!("scaling-one printed nothing"))?;
-        all.push(Figures::parse(line)?);
+        all.push(serde_json::from_str(line).context("scaling-one's figures")?);
     }
     let mut t = Table::new();
     for f in &all {

@@ -10,16 +10,14 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use perc_bigtable::Emulator;
 use perc_cli::site;
 
-const PERC: &str = env!("CARGO_BIN_EXE_perc");
+mod common;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{ok, root, PERC};
 
 /// A child process killed (SIGKILL) when dropped.
 struct Proc(Child);
@@ -109,16 +107,6 @@ fn first_line(child: &mut Child, prefix: &str) -> String {
     // Keep draining it.
     std::thread::spawn(move || for _ in out.lines() {});
     line
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "perc failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 /// A generated site of `n` pages: links forward and back, a page every page links to,

@@ -10,11 +10,9 @@ use std::process::{Command, Output};
 
 use perc_cli::site;
 
-const PERC: &str = env!("CARGO_BIN_EXE_perc");
+mod common;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{ok, root, PERC};
 
 fn perc(data: &Path, args: &[&str]) -> Output {
     Command::new(PERC)
@@ -26,16 +24,6 @@ fn perc(data: &Path, args: &[&str]) -> Output {
         .env_remove("RUST_LOG")
         .output()
         .expect("run perc")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "perc failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 /// Serves `dir` for the duration of a test.
