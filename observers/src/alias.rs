@@ -3,8 +3,11 @@
 //! - Trigger: `page:redirect` of `p:<source>` (strong).
 //! - Reads: the redirect target ("" if none), and `alias:done` (the target recorded last time).
 //! - Writes: `r:<target>\0<source>` (removing the old target's row), and `alias:done`.
-//! - Notifies: the old and new targets' `rank:dirty` (weakly): their alias sets, and so their
-//!   in-degrees and inlinks, changed (parse tells the source's own rank). Chains (a → b → c) resolve in rank, hop by hop.
+//! - Notifies: the source's own `rank:dirty` (weakly), when the registration moved. Rank keeps
+//!   the alias sets from the source's side (it counts an alias at the end of its chain), and
+//!   uses these rows to tell the URLs redirecting to a page whose own end changed; a rank run
+//!   of the source that came before this row existed is so followed by one that sees it.
+//!   Chains (a → b → c) resolve in rank.
 //! - Twice is harmless: nothing changes when the target equals `alias:done`.
 
 use async_trait::async_trait;
@@ -30,10 +33,11 @@ impl Observer for Alias {
             registered: col::ALIAS_DONE,
             child: model::redirect_in,
             child_column: col::ALIAS_FROM,
-            notify: model::page,
-            notify_column: col::RANK_DIRTY,
+            notify: None,
         };
-        model::reregister(txn, row, source, &redirect).await?;
+        if model::reregister(txn, row, source, &redirect).await? {
+            txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
+        }
         Ok(())
     }
 }

@@ -32,8 +32,7 @@ impl Observer for Dedup {
             registered: col::DEDUP_DONE,
             child: model::member,
             child_column: col::MEMBER,
-            notify: model::cluster_head,
-            notify_column: col::CLUSTER_DIRTY,
+            notify: Some((model::cluster_head, col::CLUSTER_DIRTY)),
         };
         model::reregister(txn, row, url, &membership).await?;
         Ok(())

@@ -3,8 +3,9 @@
 //!
 //! - Trigger: `fwd:dirty` of `p:<url>` (weak: set by cluster, and by rank when a member's
 //!   alias set changes).
-//! - Reads: the page's `page:canonical` and `page:hash`, the cluster's members, and each
-//!   member's `rank:names`.
+//! - Reads: the page's `page:canonical` and `dedup:registered` (the cluster dedup put it in:
+//!   cluster tells us about registrations, not about a passing `page:hash` dedup has not
+//!   handled yet), the cluster's members, and each member's `rank:names`.
 //! - Writes: `fwd:names` = the union of the members' names (pages and aliases), sorted, if
 //!   the page is its cluster's canonical; otherwise removes it. The inlinks themselves stay in
 //!   their `e:` rows, where invert keeps them current; readers join them through these
@@ -32,8 +33,11 @@ impl Observer for Forward {
     ) -> Result<(), ObserverError> {
         let Some(url) = model::url_of(row) else { return Ok(()) };
         let canonical = txn.get(row, col::CANONICAL).await?.unwrap_or_default();
-        let hash = String::from_utf8_lossy(&txn.get(row, col::HASH).await?.unwrap_or_default())
-            .into_owned();
+        // The cluster dedup registered the page in, which is the one cluster reads and tells
+        // us about: the page's current hash may be a passing one dedup has not seen yet.
+        let hash =
+            String::from_utf8_lossy(&txn.get(row, col::DEDUP_DONE).await?.unwrap_or_default())
+                .into_owned();
         if hash.is_empty() || canonical != url.as_bytes() {
             model::delete_if_present(txn, row, col::FWD_NAMES).await?;
             return Ok(());

@@ -5,8 +5,8 @@
 //! - Writes: for each target added, or whose anchor changed, `e:<target>\0<source>` =
 //!   anchor; for each target no longer linked, deletes that row; for each edge added or
 //!   removed (to another page), +1 or -1 into `d:<target>\0<source>` (`rank:delta`, which
-//!   only this source's runs and the target's rank touch, so a page every page links to is
-//!   no hot cell); then `invert:done`.
+//!   only this source's runs, the target's rank and its aliases' rank runs touch, so a page
+//!   every page links to is no hot cell; a 0 is kept, for rank to delete); then `invert:done`.
 //! - Notifies: each affected target's `rank:dirty` (weakly: a page every page links to is a
 //!   hot row, and weak notifications never conflict).
 //! - Twice is harmless: the diff against `invert:done` is empty the second time.
@@ -71,10 +71,9 @@ impl Observer for Invert {
             .collect();
         let pending = txn.get_many(&keys).await?;
         for ((key, _), ((_, d), old)) in keys.into_iter().zip(deltas.iter().zip(pending)) {
-            match model::count_of(old)? + d {
-                0 => txn.delete(key, Bytes::from_static(col::DELTA)),
-                n => txn.set(key, Bytes::from_static(col::DELTA), n.to_string()),
-            }
+            // Kept at 0 too: rank deletes the row, and an alias may have marked it.
+            let n = model::count_of(old)? + d;
+            txn.set(key, Bytes::from_static(col::DELTA), n.to_string());
         }
         let done: Vec<(String, String)> = now.into_iter().collect();
         txn.set(

@@ -17,9 +17,21 @@
 //!                                         inlinks are read from the e: rows of fwd:names)
 //!                            dedup:registered, invert:done, alias:done   their observers' memory
 //!   e:<target>\0<source>     edge:anchor                                 invert
-//!   d:<target>\0<source>     rank:delta   +n/-n edges not yet counted    invert (rank
-//!                                         folds them into rank:base and deletes them)
+//!   d:<target>\0<source>     rank:delta   +n/-n edges not yet counted,   invert, rank
+//!                                         or 0: look at this source      (rank folds them
+//!                                         again                          and deletes them)
 //!   p:<target>               rank:base    edges into this URL, counted   rank
+//!                            rank:extra   sources reaching it only       rank
+//!                                         through aliases
+//!                            rank:alias_of  an alias: the page its       rank
+//!                                         inlinks are counted at
+//!                            rank:chain   commit timestamps of the       rank
+//!                                         redirects its chain read
+//!   x:<page>\0<source>       rank:via     how many of the page's aliases rank (the aliases'
+//!                                         the source links to            runs)
+//!                            rank:adds    set: the source counts through rank (the page's run)
+//!                                         aliases only
+//!   a:<page>\0<alias>        rank:alias   the alias's chain ends here    rank (the alias's run)
 //!   r:<target>\0<source>     alias:from   (source redirects to target)   alias
 //!   c:<hash>                 cluster:canonical                           cluster
 //!   c:<hash>\0<url>          cluster:member                              dedup
@@ -56,6 +68,12 @@ pub mod col {
     pub const INDEG: &[u8] = b"rank:indeg";
     pub const NAMES: &[u8] = b"rank:names";
     pub const BASE: &[u8] = b"rank:base";
+    pub const EXTRA: &[u8] = b"rank:extra";
+    pub const ALIAS_OF: &[u8] = b"rank:alias_of";
+    pub const CHAIN: &[u8] = b"rank:chain";
+    pub const VIA: &[u8] = b"rank:via";
+    pub const ADDS: &[u8] = b"rank:adds";
+    pub const ALIAS: &[u8] = b"rank:alias";
     pub const DELTA: &[u8] = b"rank:delta";
     pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
     pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
@@ -85,6 +103,16 @@ pub fn edge(target: &str, source: &str) -> Bytes {
 /// The row holding a not yet counted change of the edges from `source` into `target`.
 pub fn delta(target: &str, source: &str) -> Bytes {
     Bytes::from(format!("d:{target}\0{source}"))
+}
+
+/// The row counting, for the page `end`, its aliases that `source` links to.
+pub fn via(end: &str, source: &str) -> Bytes {
+    Bytes::from(format!("x:{end}\0{source}"))
+}
+
+/// The row saying that `alias` redirects, through any number of hops, to the page `end`.
+pub fn alias_at(end: &str, alias: &str) -> Bytes {
+    Bytes::from(format!("a:{end}\0{alias}"))
 }
 
 /// A counter cell's value (a decimal integer; absent: 0).
@@ -315,23 +343,26 @@ pub struct Registration {
     /// The registration row for (key, url), and its column.
     pub child: fn(&str, &str) -> Bytes,
     pub child_column: &'static [u8],
-    /// The row told, weakly, when a key gains or loses the page, and its column.
-    pub notify: fn(&str) -> Bytes,
-    pub notify_column: &'static [u8],
+    /// The row told, weakly, when a key gains or loses the page, and its column (if any).
+    pub notify: Option<NotifyKey>,
 }
 
+/// A key's row (from the key) and column to notify.
+pub type NotifyKey = (fn(&str) -> Bytes, &'static [u8]);
+
 /// Moves the page's registration from the key it has to the key it should have, telling both
-/// keys' rows. Nothing happens when they are the same, so running it twice is harmless.
+/// keys' rows; returns whether it moved. Nothing happens when they are the same, so running it
+/// twice is harmless.
 pub async fn reregister(
     txn: &mut Transaction,
     row: &Bytes,
     url: &str,
     r: &Registration,
-) -> Result<(), TxnError> {
+) -> Result<bool, TxnError> {
     let key = txn.get(row, r.key).await?.unwrap_or_default();
     let registered = txn.get(row, r.registered).await?.unwrap_or_default();
     if key == registered {
-        return Ok(());
+        return Ok(false);
     }
     for (k, add) in [(registered.clone(), false), (key.clone(), true)] {
         if k.is_empty() {
@@ -344,8 +375,10 @@ pub async fn reregister(
         } else {
             txn.delete(child, Bytes::from_static(r.child_column));
         }
-        txn.notify((r.notify)(&k), Bytes::from_static(r.notify_column));
+        if let Some((notify, column)) = r.notify {
+            txn.notify(notify(&k), Bytes::from_static(column));
+        }
     }
     txn.set(row.clone(), Bytes::from_static(r.registered), key);
-    Ok(())
+    Ok(true)
 }

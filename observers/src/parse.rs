@@ -96,7 +96,8 @@ impl Observer for Parse {
         model::set_if_changed(txn, row, col::HASH, Bytes::from(meta.content_hash.clone())).await?;
         let redirect = meta.redirect_to.clone().unwrap_or_default();
         if model::set_if_changed(txn, row, col::REDIRECT, Bytes::from(redirect)).await? {
-            // rank decides from this whether the page is an alias; alias only tells targets.
+            // rank decides from this whether the page is an alias (and alias tells it again
+            // once the redirect's registration is written).
             txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
         }
         Ok(())

@@ -1,26 +1,38 @@
-//! rank: a page's in-degree and its own inlinks.
+//! rank: a page's in-degree and its alias set, kept incrementally.
 //!
-//! - Trigger: `rank:dirty` of `p:<url>` (weak: set by invert and alias on every change of the
-//!   page's inlinks or aliases, and by parse when the page starts or stops redirecting; a
-//!   popular page is a hot row).
-//! - Reads: `page:redirect`; the alias set (`r:` rows, followed hop by hop); the page's count
-//!   of inlinks (`rank:base`) and the changes invert left since (`d:<url>\0…`); the inlink
-//!   rows of its aliases only (`e:<alias>\0…`, with one point read per source into the page
-//!   itself, so that a source linking to several names counts once). The cost follows the
-//!   changes and the aliases' in-degrees, never the page's own in-degree.
-//! - Writes: `rank:base` (the count with the changes folded in, which it deletes),
-//!   `rank:indeg` (distinct other source pages linking to the page or an alias) and
-//!   `rank:names` (the page and its aliases, sorted), each only if it changed. No list of
-//!   inlinks: readers join them from the `e:` rows (see [`crate::model`]). An alias
-//!   instead passes the notification on to the end of its redirect chain (not hop by hop,
-//!   which would circle forever around a redirect cycle), and holds no rank itself.
+//! A page's in-degree is the number of distinct other pages linking to it or to one of its
+//! aliases (URLs whose redirect chain ends at it). Nothing here costs the page's in-degree or
+//! its number of aliases: every run folds the changes left for it since the last run.
+//!
+//! - Trigger: `rank:dirty` of `p:<url>` (weak: set by invert on every change of the page's
+//!   inlinks, by parse when the page starts or stops redirecting, by alias when its
+//!   registration moves, and by the runs below; a popular page is a hot row).
+//! - **A page** (no redirect) reads its change rows `d:<url>\0<source>` (invert's ±1 per
+//!   edge, or a 0 left by an alias as a mark to look at that source again), and for each
+//!   source its `x:` row and whether the edge `e:<url>\0<source>` exists. It keeps
+//!   `rank:base` (edges into the URL itself) and `rank:extra` (sources that reach it only
+//!   through aliases: `rank:adds` set on their `x:` row); in-degree = base + extra. Its alias
+//!   set is the `a:<url>\0<alias>` rows.
+//! - **An alias** (redirecting) counts its own inlinks at the end of its redirect chain: it
+//!   adds its changes into `x:<end>\0<source>`'s `rank:via` (how many of end's aliases that
+//!   source links to) and marks the source in `d:<end>\0<source>`; it keeps `a:<end>\0<url>`
+//!   and remembers the end in `rank:alias_of` ("" for a cycle). When its end changes, it
+//!   moves what it counted (O(its own inlinks), once per change of a redirect).
+//! - Whenever a redirect on a URL's chain was rewritten since its last run (its own, or a
+//!   hop's; `rank:chain` holds their commit timestamps), it tells the URLs redirecting
+//!   straight to it (`r:` rows): their chains read the same cells, and may have seen a state
+//!   that is gone (a redirect set and unset between two of this URL's runs). Alias tells the
+//!   source itself after writing its `r:` row, so a run that missed the row is followed by
+//!   one that sees it.
+//! - Writes: `rank:indeg` and `rank:names` (the page and its aliases, sorted), each only if it
+//!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
 //! - Notifies: the page's cluster head (`cluster:dirty`, the cluster dedup registered it in;
 //!   see [`notify_downstream`] for why it rewrites that registration) and its export, weakly,
 //!   on a change.
-//! - Twice is harmless: the values are recomputed from the current rows; unchanged, nothing
-//!   is written or notified.
+//! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
+//!   written only when different.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -43,67 +55,291 @@ impl Observer for Rank {
         _column: &Bytes,
     ) -> Result<(), ObserverError> {
         let Some(url) = model::url_of(row) else { return Ok(()) };
-        let redirect = txn.get(row, col::REDIRECT).await?.unwrap_or_default();
-        if !redirect.is_empty() {
-            // Tell the end of the chain, not the next hop: hop-by-hop forwarding would circle
-            // forever around a redirect cycle. A cycle has no end, and no page to tell.
-            if let Some(end) = chain_end(txn, &String::from_utf8_lossy(&redirect)).await? {
-                txn.notify(model::page(&end), Bytes::from_static(col::RANK_DIRTY));
-            }
-            let a = model::delete_if_present(txn, row, col::INDEG).await?;
-            let b = model::delete_if_present(txn, row, col::NAMES).await?;
-            if a || b {
-                notify_downstream(txn, row).await?;
-            }
-            return Ok(());
+        // Where this URL's inlinks were counted last time: absent for a page.
+        let counted_at = txn.get(row, col::ALIAS_OF).await?;
+        let changes = take_changes(txn, url).await?;
+        let chain = chain_from(txn, url).await?;
+        if chain.hops == 0 {
+            as_page(txn, row, url, counted_at, changes).await?;
+        } else {
+            as_alias(txn, row, url, chain.end.clone(), counted_at, changes).await?;
         }
-        let names: Vec<String> = alias_set(txn, url).await?.into_iter().collect();
-        let in_degree = in_degree(txn, row, url, &names).await?;
-        let a =
-            model::set_if_changed(txn, row, col::INDEG, Bytes::from(in_degree.to_string())).await?;
-        let b = model::set_json_if_changed(txn, row, col::NAMES, &names).await?;
-        if a || b {
-            notify_downstream(txn, row).await?;
+        // The URLs redirecting straight here read every redirect this one's chain reads: if
+        // any of them was rewritten since the last run (even if back to what it was, or
+        // leaving the end as it was), their ends may have changed too.
+        if model::set_if_changed(txn, row, col::CHAIN, Bytes::from(chain.stamp)).await? {
+            notify_direct_aliases(txn, url).await?;
         }
         Ok(())
     }
 }
 
-/// Distinct other pages with an edge into `url` or one of its aliases. Edges into `url` itself
-/// are counted (`rank:base`, plus invert's pending changes, folded in here); the aliases'
-/// edges are read, and each of their sources is checked against `url`'s edges with a point
-/// read, so a source that links to several names counts once.
-async fn in_degree(
+/// The change rows left for `url` (source → net change of its edge), deleted here.
+async fn take_changes(
+    txn: &mut Transaction,
+    url: &str,
+) -> Result<BTreeMap<String, i64>, ObserverError> {
+    let (start, end) = model::children("d:", url);
+    let mut changes = BTreeMap::new();
+    for (r, v) in txn.scan(&start, &end, col::DELTA).await? {
+        if let Some(source) = model::child_key(&r) {
+            changes.insert(source.to_string(), model::count_of(Some(v))?);
+        }
+        txn.delete(r, Bytes::from_static(col::DELTA));
+    }
+    Ok(changes)
+}
+
+/// A page: fold the changes into its counts; after a spell as an alias, count afresh.
+async fn as_page(
     txn: &mut Transaction,
     row: &Bytes,
     url: &str,
-    names: &[String],
-) -> Result<u64, ObserverError> {
-    let (start, end) = model::children("d:", url);
-    let pending = txn.scan(&start, &end, col::DELTA).await?;
-    let mut own = model::count_of(txn.get(row, col::BASE).await?)?;
-    for (delta_row, v) in &pending {
-        own += model::count_of(Some(v.clone()))?;
-        txn.delete(delta_row.clone(), Bytes::from_static(col::DELTA));
+    counted_at: Option<Bytes>,
+    changes: BTreeMap<String, i64>,
+) -> Result<(), ObserverError> {
+    let (base, extra) = match counted_at {
+        Some(old) => {
+            // It was an alias: take back what it counted there, and count everything here.
+            let sources = own_sources(txn, url).await?;
+            let mut via = BTreeMap::new();
+            if !old.is_empty() {
+                uncount(txn, url, &String::from_utf8_lossy(&old), &sources, &changes, &mut via);
+            }
+            add_via(txn, via).await?;
+            txn.delete(row.clone(), Bytes::from_static(col::ALIAS_OF));
+            (sources.len() as i64, recount_extra(txn, url, &sources).await?)
+        }
+        None => {
+            let base =
+                model::count_of(txn.get(row, col::BASE).await?)? + changes.values().sum::<i64>();
+            let extra = model::count_of(txn.get(row, col::EXTRA).await?)?
+                + refold_sources(txn, url, changes.keys()).await?;
+            (base, extra)
+        }
+    };
+    if base < 0 || extra < 0 {
+        return Err(ObserverError::Failed(format!(
+            "{url}: inlink counts below zero (base {base}, extra {extra})"
+        )));
     }
-    if own < 0 {
-        return Err(ObserverError::Failed(format!("{url}: inlink count {own} below zero")));
+    model::set_if_changed(txn, row, col::BASE, Bytes::from(base.to_string())).await?;
+    model::set_if_changed(txn, row, col::EXTRA, Bytes::from(extra.to_string())).await?;
+    let (start, end) = model::children("a:", url);
+    let mut names = BTreeSet::from([url.to_string()]);
+    for (r, _) in txn.scan(&start, &end, col::ALIAS).await? {
+        names.extend(model::child_key(&r).map(str::to_string));
     }
-    if !pending.is_empty() {
-        model::set_if_changed(txn, row, col::BASE, Bytes::from(own.to_string())).await?;
+    let names: Vec<String> = names.into_iter().collect();
+    let a = model::set_if_changed(txn, row, col::INDEG, Bytes::from((base + extra).to_string()))
+        .await?;
+    let b = model::set_json_if_changed(txn, row, col::NAMES, &names).await?;
+    if a || b {
+        notify_downstream(txn, row).await?;
     }
-    // Sources of the aliases' edges that do not also link to the page itself.
-    let aliases: Vec<String> = names.iter().filter(|n| n.as_str() != url).cloned().collect();
-    let sources: BTreeSet<String> = model::inlinks(txn, &aliases)
+    Ok(())
+}
+
+/// An alias: pass its changes on to the end of its chain; move them if the end changed.
+async fn as_alias(
+    txn: &mut Transaction,
+    row: &Bytes,
+    url: &str,
+    end: Option<String>,
+    counted_at: Option<Bytes>,
+    changes: BTreeMap<String, i64>,
+) -> Result<(), ObserverError> {
+    let old = counted_at.as_ref().map(|v| String::from_utf8_lossy(v).into_owned());
+    let mut via: BTreeMap<(String, String), i64> = BTreeMap::new();
+    if old.is_none() {
+        // It was a page: its counts go (its edges are counted at the end below).
+        let mut changed = false;
+        for column in [col::INDEG, col::NAMES] {
+            changed |= model::delete_if_present(txn, row, column).await?;
+        }
+        for column in [col::BASE, col::EXTRA] {
+            model::delete_if_present(txn, row, column).await?;
+        }
+        if changed {
+            notify_downstream(txn, row).await?;
+        }
+    }
+    let end_name = end.clone().unwrap_or_default();
+    if old.as_deref() == Some(end_name.as_str()) {
+        if let Some(end) = &end {
+            for (source, d) in changes {
+                *via.entry((end.clone(), source)).or_default() += d;
+            }
+        }
+    } else {
+        let sources = own_sources(txn, url).await?;
+        if let Some(old) = old.as_deref().filter(|o| !o.is_empty()) {
+            uncount(txn, url, old, &sources, &changes, &mut via);
+        }
+        if let Some(end) = &end {
+            for source in &sources {
+                *via.entry((end.clone(), source.clone())).or_default() += 1;
+            }
+            txn.set(model::alias_at(end, url), Bytes::from_static(col::ALIAS), Bytes::new());
+            txn.notify(model::page(end), Bytes::from_static(col::RANK_DIRTY));
+        }
+        txn.set(row.clone(), Bytes::from_static(col::ALIAS_OF), end_name);
+    }
+    add_via(txn, via).await
+}
+
+/// Takes back from `old` what `url` counted there: the sources it had at its last run
+/// (those it has now, less the changes not yet passed on), and its membership.
+fn uncount(
+    txn: &mut Transaction,
+    url: &str,
+    old: &str,
+    sources: &BTreeSet<String>,
+    changes: &BTreeMap<String, i64>,
+    via: &mut BTreeMap<(String, String), i64>,
+) {
+    let touched: BTreeSet<&String> = sources.iter().chain(changes.keys()).collect();
+    for source in touched {
+        let counted = i64::from(sources.contains(source)) - changes.get(source).unwrap_or(&0);
+        if counted == 1 {
+            *via.entry((old.to_string(), source.clone())).or_default() -= 1;
+        }
+    }
+    txn.delete(model::alias_at(old, url), Bytes::from_static(col::ALIAS));
+    txn.notify(model::page(old), Bytes::from_static(col::RANK_DIRTY));
+}
+
+/// Adds to `x:<end>\0<source>`'s `rank:via`, and marks the source for the end's next run.
+async fn add_via(
+    txn: &mut Transaction,
+    via: BTreeMap<(String, String), i64>,
+) -> Result<(), ObserverError> {
+    let via: Vec<((String, String), i64)> = via.into_iter().filter(|(_, d)| *d != 0).collect();
+    if via.is_empty() {
+        return Ok(());
+    }
+    let mut keys = Vec::with_capacity(via.len() * 2);
+    for ((end, source), _) in &via {
+        keys.push((model::via(end, source), Bytes::from_static(col::VIA)));
+        keys.push((model::delta(end, source), Bytes::from_static(col::DELTA)));
+    }
+    let now = txn.get_many(&keys).await?;
+    let mut ends = BTreeSet::new();
+    for (((end, source), d), cells) in via.iter().zip(now.chunks(2)) {
+        let count = model::count_of(cells[0].clone())? + d;
+        let at = model::via(end, source);
+        match count {
+            n if n < 0 => {
+                return Err(ObserverError::Failed(format!(
+                    "{end}: count of aliases linked from {source} below zero"
+                )))
+            }
+            0 => txn.delete(at, Bytes::from_static(col::VIA)),
+            n => txn.set(at, Bytes::from_static(col::VIA), n.to_string()),
+        }
+        // Written even when present (unchanged): a run of the end that read this row before
+        // our change, and deletes it, must conflict with us.
+        let mark = cells[1].clone().unwrap_or_else(|| Bytes::from_static(b"0"));
+        txn.set(model::delta(end, source), Bytes::from_static(col::DELTA), mark);
+        ends.insert(end);
+    }
+    for end in ends {
+        txn.notify(model::page(end), Bytes::from_static(col::RANK_DIRTY));
+    }
+    Ok(())
+}
+
+/// Re-decides, for each changed source, whether it adds to the page's in-degree through an
+/// alias only; returns the change of the page's `rank:extra`.
+async fn refold_sources(
+    txn: &mut Transaction,
+    url: &str,
+    sources: impl Iterator<Item = &String>,
+) -> Result<i64, ObserverError> {
+    let sources: Vec<&String> = sources.filter(|s| s.as_str() != url).collect();
+    let mut keys = Vec::with_capacity(sources.len() * 3);
+    for source in &sources {
+        let x = model::via(url, source);
+        keys.push((x.clone(), Bytes::from_static(col::VIA)));
+        keys.push((x, Bytes::from_static(col::ADDS)));
+        keys.push((model::edge(url, source), Bytes::from_static(col::EDGE)));
+    }
+    let cells = txn.get_many(&keys).await?;
+    let mut change = 0;
+    for (source, c) in sources.iter().zip(cells.chunks(3)) {
+        let adds = model::count_of(c[0].clone())? > 0 && c[2].is_none();
+        change += set_adds(txn, url, source, c[1].is_some(), adds);
+    }
+    Ok(change)
+}
+
+/// Decides afresh, for every source of the page's aliases, whether it adds to the in-degree;
+/// returns the number that do.
+async fn recount_extra(
+    txn: &mut Transaction,
+    url: &str,
+    sources: &BTreeSet<String>,
+) -> Result<i64, ObserverError> {
+    let (start, end) = model::children("x:", url);
+    let via: BTreeMap<String, i64> = txn
+        .scan(&start, &end, col::VIA)
         .await?
         .into_iter()
-        .map(|l| l.from)
-        .filter(|s| s != url)
+        .filter_map(|(r, v)| Some((model::child_key(&r)?.to_string(), v)))
+        .map(|(s, v)| Ok((s, model::count_of(Some(v))?)))
+        .collect::<Result<_, ObserverError>>()?;
+    let flagged: BTreeSet<String> = txn
+        .scan(&start, &end, col::ADDS)
+        .await?
+        .into_iter()
+        .filter_map(|(r, _)| Some(model::child_key(&r)?.to_string()))
         .collect();
-    let keys: Vec<(Bytes, Bytes)> =
-        sources.iter().map(|s| (model::edge(url, s), Bytes::from_static(col::EDGE))).collect();
-    let extra = txn.get_many(&keys).await?.iter().filter(|e| e.is_none()).count();
-    Ok(own as u64 + extra as u64)
+    let mut extra = 0;
+    for source in via.keys().chain(flagged.iter()).collect::<BTreeSet<_>>() {
+        let adds =
+            source != url && via.get(source).is_some_and(|n| *n > 0) && !sources.contains(source);
+        set_adds(txn, url, source, flagged.contains(source), adds);
+        extra += i64::from(adds);
+    }
+    Ok(extra)
+}
+
+/// Sets or clears `rank:adds` of `x:<url>\0<source>`; returns the change in the count.
+fn set_adds(txn: &mut Transaction, url: &str, source: &str, was: bool, now: bool) -> i64 {
+    match (was, now) {
+        (false, true) => {
+            txn.set(model::via(url, source), Bytes::from_static(col::ADDS), "1");
+            1
+        }
+        (true, false) => {
+            txn.delete(model::via(url, source), Bytes::from_static(col::ADDS));
+            -1
+        }
+        _ => 0,
+    }
+}
+
+/// The other pages with an edge into `url` itself.
+async fn own_sources(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, ObserverError> {
+    let (start, end) = model::children("e:", url);
+    Ok(txn
+        .scan(&start, &end, col::EDGE)
+        .await?
+        .into_iter()
+        .filter_map(|(r, _)| model::child_key(&r).map(str::to_string))
+        .filter(|s| s != url)
+        .collect())
+}
+
+/// Tells the URLs redirecting straight to `url` that their chain's end may have changed.
+async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<(), ObserverError> {
+    let (start, end) = model::children("r:", url);
+    for (r, _) in txn.scan(&start, &end, col::ALIAS_FROM).await? {
+        if let Some(source) = model::child_key(&r) {
+            txn.notify(model::page(source), Bytes::from_static(col::RANK_DIRTY));
+        }
+    }
+    Ok(())
 }
 
 /// Tells the page's cluster and its export that its rank changed.
@@ -126,44 +362,34 @@ async fn notify_downstream(txn: &mut Transaction, row: &Bytes) -> Result<(), Obs
     Ok(())
 }
 
-/// Where a redirect chain starting at `first` ends: the first URL that does not redirect.
-/// `None` for a cycle or a chain longer than [`ALIAS_HOPS_MAX`].
-pub async fn chain_end(txn: &Transaction, first: &str) -> Result<Option<String>, ObserverError> {
-    let mut current = first.to_string();
+/// A URL's redirect chain, as one snapshot shows it.
+struct Chain {
+    /// Redirects followed: 0 for a page.
+    hops: usize,
+    /// The first URL that does not redirect: the URL itself for a page; `None` for a cycle
+    /// or a chain longer than [`ALIAS_HOPS_MAX`].
+    end: Option<String>,
+    /// The commit timestamps of every redirect cell read on the way: changes whenever one of
+    /// them is rewritten.
+    stamp: String,
+}
+
+async fn chain_from(txn: &Transaction, url: &str) -> Result<Chain, ObserverError> {
+    let mut current = url.to_string();
     let mut seen = BTreeSet::new();
-    for _ in 0..=ALIAS_HOPS_MAX {
+    let mut stamps = Vec::new();
+    for hops in 0..=ALIAS_HOPS_MAX + 1 {
         if !seen.insert(current.clone()) {
-            return Ok(None);
+            break;
         }
-        let next = txn.get(&model::page(&current), col::REDIRECT).await?.unwrap_or_default();
+        let cell = (model::page(&current), Bytes::from_static(col::REDIRECT));
+        let version = txn.versions(&[cell]).await?.pop().flatten();
+        stamps.push(version.as_ref().map_or(0, |v| v.commit_ts.0).to_string());
+        let next = version.and_then(|v| v.value).unwrap_or_default();
         if next.is_empty() {
-            return Ok(Some(current));
+            return Ok(Chain { hops, end: Some(current), stamp: stamps.join(",") });
         }
         current = String::from_utf8_lossy(&next).into_owned();
     }
-    Ok(None)
-}
-
-/// The page's URL and every URL whose redirect chain ends at it.
-pub async fn alias_set(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, ObserverError> {
-    let mut names: BTreeSet<String> = BTreeSet::from([url.to_string()]);
-    let mut frontier = vec![url.to_string()];
-    for _ in 0..ALIAS_HOPS_MAX {
-        let mut next = Vec::new();
-        for name in &frontier {
-            let (start, end) = model::children("r:", name);
-            for (r, _) in txn.scan(&start, &end, col::ALIAS_FROM).await? {
-                if let Some(source) = model::child_key(&r) {
-                    if names.insert(source.to_string()) {
-                        next.push(source.to_string());
-                    }
-                }
-            }
-        }
-        if next.is_empty() {
-            break;
-        }
-        frontier = next;
-    }
-    Ok(names)
+    Ok(Chain { hops: seen.len(), end: None, stamp: stamps.join(",") })
 }

@@ -38,6 +38,9 @@ struct Figures {
     disk_bytes: u64,
     p50_ms: f64,
     p99_ms: f64,
+    /// Per update, on average: store calls, and by observer (name, runs, mean run in µs).
+    update_calls: f64,
+    update_runs: Vec<(String, f64, f64)>,
 }
 
 /// The peak resident set of this process, from /proc.
@@ -107,6 +110,8 @@ async fn measure(pages: usize) -> Result<Figures> {
 
     // 2. Update latency: one page's content and links change; wait for every effect.
     let mut latencies = Vec::with_capacity(UPDATES);
+    let calls_before = store.counts().row_ops();
+    let runs_before = workers.engine().stats();
     for (n, (i, _)) in web.change_set(UPDATES, 5).into_iter().enumerate() {
         let update = Recorded {
             url: web.url(i),
@@ -117,6 +122,20 @@ async fn measure(pages: usize) -> Result<Figures> {
         workers.wait().await?;
         latencies.push(t.elapsed().as_secs_f64() * 1000.0);
     }
+    let update_calls = (store.counts().row_ops() - calls_before) as f64 / UPDATES as f64;
+    let update_runs = workers
+        .engine()
+        .stats()
+        .into_iter()
+        .zip(runs_before)
+        .map(|(after, before)| {
+            let busy = |s: &perc_notify::ObserverStats| (s.latency_us_mean * s.commits) as f64;
+            let commits = (after.commits - before.commits).max(1) as f64;
+            let runs = (after.runs - before.runs) as f64 / UPDATES as f64;
+            (after.name.clone(), runs, (busy(&after) - busy(&before)) / commits)
+        })
+        .filter(|(_, runs, _)| *runs > 0.0)
+        .collect();
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
     workers.shutdown().await;
@@ -130,6 +149,8 @@ async fn measure(pages: usize) -> Result<Figures> {
         disk_bytes: sled.size_on_disk()?,
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
+        update_calls,
+        update_runs,
     })
 }
 
@@ -171,8 +192,15 @@ pub fn run(scale: f64) -> Result<()> {
             format!("update latency, {} pages", f.pages),
             format!("p50 {:.1} ms", f.p50_ms),
             format!(
-                "p99 {:.1} ms over {UPDATES} updates (content and links of one page)",
-                f.p99_ms
+                "p99 {:.1} ms over {UPDATES} updates (content and links of one page); per update \
+                 {:.0} store calls, observer runs: {}",
+                f.p99_ms,
+                f.update_calls,
+                f.update_runs
+                    .iter()
+                    .map(|(name, runs, us)| format!("{name} {runs:.1} ({us:.0} µs)"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
     }
