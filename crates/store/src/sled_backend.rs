@@ -41,6 +41,14 @@ const INLINE_BYTES_MAX: usize = 256;
 /// How often a reader retries a row whose blob vanished under it (a concurrent delete).
 const BLOB_RETRIES: usize = 8;
 
+/// How long opening waits for a lock held by a store of this process that is closing.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether sled refused to open because another handle holds the database's lock file.
+fn is_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
 /// Tuning for the sled backend.
 #[derive(Clone, Debug)]
 pub struct SledOptions {
@@ -79,16 +87,36 @@ impl SledStore {
     /// Opens (or creates) the store in directory `path`.
     pub fn open(path: impl AsRef<Path>, schema: Schema, options: &SledOptions) -> Result<Self> {
         let path = path.as_ref();
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(path)
             .cache_capacity(options.cache_bytes)
             .flush_every_ms(Some(options.flush_every_ms))
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(|e| StoreError::Io {
-                backend: "sled",
-                detail: format!("cannot open the store at {}: {e}", path.display()),
-            })?;
+            .mode(sled::Mode::HighThroughput);
+        // A store just dropped in this process lets go of its lock file only when sled's
+        // flusher thread has finished: wait for that, briefly, before calling it taken.
+        let waited = std::time::Instant::now();
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(e) if is_lock_error(&e) && waited.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => {
+                    let why = if is_lock_error(&e) {
+                        format!(
+                            "another process (or a store not closed in this one) holds it \
+                             ({e})"
+                        )
+                    } else {
+                        e.to_string()
+                    };
+                    return Err(StoreError::Io {
+                        backend: "sled",
+                        detail: format!("cannot open the store at {}: {why}", path.display()),
+                    });
+                }
+            }
+        };
         let rows = db.open_tree("rows").map_err(io)?;
         let blobs = db.open_tree("blobs").map_err(io)?;
         let mut own = BTreeMap::new();
@@ -448,5 +476,21 @@ mod tests {
         assert!(store.check_and_mutate(b"r", &[], &[del]).await.unwrap());
         assert_eq!(store.blobs.len(), 0);
         assert_eq!(store.rows.len(), 0);
+    }
+    #[test]
+    fn a_store_in_use_is_refused_and_a_closed_one_reopens_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = || Schema::new([FamilySpec { name: "f", locality: Locality::Row }]);
+        let first = SledStore::open(dir.path(), schema(), &SledOptions::default()).unwrap();
+        let Err(e) = SledStore::open(dir.path(), schema(), &SledOptions::default()) else {
+            panic!("a second handle on a store in use");
+        };
+        assert!(e.to_string().contains("holds it"), "{e}");
+        drop(first);
+        // Dropped and reopened in a loop: the flusher of the last handle may still hold the
+        // lock for a moment, which opening waits out.
+        for _ in 0..20 {
+            drop(SledStore::open(dir.path(), schema(), &SledOptions::default()).unwrap());
+        }
     }
 }
