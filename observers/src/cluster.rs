@@ -2,13 +2,15 @@
 //!
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes and by
 //!   rank when a member's in-degree or inlinks change).
-//! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `rank:indeg` and
-//!   `page:canonical`.
+//! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `rank:indeg`,
+//!   `page:canonical` and `rank:names`.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
 //!   canonical changed. The canonical is the member with the highest in-degree; ties go to the
-//!   shorter URL, then the lexicographically smaller.
-//! - Notifies: forward of the canonical (its cluster's inlinks may have changed), and export and
-//!   forward of every member whose canonical changed (weakly).
+//!   shorter URL, then the lexicographically smaller. `cluster:names` on the head: a digest of
+//!   what forward of the canonical reads (the canonical and its members' names).
+//! - Notifies: forward of the canonical when that digest changed (not on every change of an
+//!   in-degree: forward's output does not depend on it), and export and forward of every
+//!   member whose canonical changed (weakly).
 //! - Twice is harmless: the choice is a function of the current rows; only differences are
 //!   written.
 
@@ -49,6 +51,7 @@ impl Observer for Cluster {
         let members = members(txn, &hash).await?;
         if members.is_empty() {
             model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
+            model::delete_if_present(txn, row, col::CLUSTER_NAMES).await?;
             return Ok(());
         }
         let keys: Vec<(Bytes, Bytes)> = members
@@ -57,12 +60,13 @@ impl Observer for Cluster {
                 [
                     (model::page(m), Bytes::from_static(col::INDEG)),
                     (model::page(m), Bytes::from_static(col::CANONICAL)),
+                    (model::page(m), Bytes::from_static(col::NAMES)),
                 ]
             })
             .collect();
         let got = txn.get_many(&keys).await?;
         let indeg = |i: usize| -> u64 {
-            got[2 * i].as_ref().and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
+            got[3 * i].as_ref().and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
         };
         let best = (0..members.len())
             .min_by_key(|&i| (Reverse(indeg(i)), members[i].len(), members[i].clone()))
@@ -71,14 +75,31 @@ impl Observer for Cluster {
         model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone()))
             .await?;
         for (i, m) in members.iter().enumerate() {
-            if got[2 * i + 1].as_deref() != Some(canonical.as_bytes()) {
+            if got[3 * i + 1].as_deref() != Some(canonical.as_bytes()) {
                 let member_row = model::page(m);
                 txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
                 txn.notify(member_row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
                 txn.notify(member_row, Bytes::from_static(col::FWD_DIRTY));
             }
         }
-        txn.notify(model::page(&canonical), Bytes::from_static(col::FWD_DIRTY));
+        // What forward of the canonical reads: tell it only when that changed.
+        let mut names: Vec<String> = Vec::new();
+        for raw in (0..members.len()).filter_map(|i| got[3 * i + 2].as_ref()) {
+            let part: Vec<String> = serde_json::from_slice(raw)
+                .map_err(|e| ObserverError::Failed(format!("rank:names: {e}")))?;
+            names.extend(part);
+        }
+        names.sort();
+        names.dedup();
+        let mut digest = blake3::Hasher::new();
+        digest.update(canonical.as_bytes());
+        for name in &names {
+            digest.update(b"\n").update(name.as_bytes());
+        }
+        let digest = Bytes::from(digest.finalize().to_hex().to_string());
+        if model::set_if_changed(txn, row, col::CLUSTER_NAMES, digest).await? {
+            txn.notify(model::page(&canonical), Bytes::from_static(col::FWD_DIRTY));
+        }
         Ok(())
     }
 }

@@ -33,7 +33,8 @@
 //!                                         aliases only
 //!   a:<page>\0<alias>        rank:alias   the alias's chain ends here    rank (the alias's run)
 //!   r:<target>\0<source>     alias:from   (source redirects to target)   alias
-//!   c:<hash>                 cluster:canonical                           cluster
+//!   c:<hash>                 cluster:canonical, cluster:names (digest    cluster
+//!                                         of what forward reads)
 //!   c:<hash>\0<url>          cluster:member                              dedup
 //!   m:config                 crawl:scope  {seeds, prefixes, limits}      loader
 //! ```
@@ -77,6 +78,7 @@ pub mod col {
     pub const DELTA: &[u8] = b"rank:delta";
     pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
     pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
+    pub const CLUSTER_NAMES: &[u8] = b"cluster:names";
     pub const MEMBER: &[u8] = b"cluster:member";
     pub const EDGE: &[u8] = b"edge:anchor";
     pub const ALIAS_FROM: &[u8] = b"alias:from";
