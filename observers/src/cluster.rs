@@ -27,13 +27,7 @@ pub struct Cluster;
 
 /// The members of a cluster, by URL.
 pub async fn members(txn: &Transaction, hash: &str) -> Result<Vec<String>, ObserverError> {
-    let (start, end) = model::children("c:", hash);
-    Ok(txn
-        .scan(&start, &end, col::MEMBER)
-        .await?
-        .into_iter()
-        .filter_map(|(r, _)| model::child_key(&r).map(str::to_string))
-        .collect())
+    Ok(model::child_keys(txn, "c:", hash, col::MEMBER).await?)
 }
 
 #[async_trait]

@@ -133,6 +133,22 @@ pub fn children(prefix: &str, key: &str) -> (Vec<u8>, Vec<u8>) {
     (format!("{prefix}{key}\0").into_bytes(), format!("{prefix}{key}\u{1}").into_bytes())
 }
 
+/// The keys of the child rows `<prefix><key>\0<child>` that have `column`: the `<child>`s.
+pub async fn child_keys(
+    txn: &Transaction,
+    prefix: &str,
+    key: &str,
+    column: &[u8],
+) -> Result<Vec<String>, TxnError> {
+    let (start, end) = children(prefix, key);
+    Ok(txn
+        .scan(&start, &end, column)
+        .await?
+        .into_iter()
+        .filter_map(|(r, _)| child_key(&r).map(str::to_string))
+        .collect())
+}
+
 /// The part of a child row after `<prefix><key>\0`.
 pub fn child_key(row: &[u8]) -> Option<&str> {
     let at = row.iter().position(|b| *b == 0)?;

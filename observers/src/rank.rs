@@ -125,11 +125,8 @@ async fn as_page(
     }
     model::set_if_changed(txn, row, col::BASE, Bytes::from(base.to_string())).await?;
     model::set_if_changed(txn, row, col::EXTRA, Bytes::from(extra.to_string())).await?;
-    let (start, end) = model::children("a:", url);
     let mut names = BTreeSet::from([url.to_string()]);
-    for (r, _) in txn.scan(&start, &end, col::ALIAS).await? {
-        names.extend(model::child_key(&r).map(str::to_string));
-    }
+    names.extend(model::child_keys(txn, "a:", url, col::ALIAS).await?);
     let names: Vec<String> = names.into_iter().collect();
     let a = model::set_if_changed(txn, row, col::INDEG, Bytes::from((base + extra).to_string()))
         .await?;
@@ -321,23 +318,16 @@ fn set_adds(txn: &mut Transaction, url: &str, source: &str, was: bool, now: bool
 
 /// The other pages with an edge into `url` itself.
 async fn own_sources(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, ObserverError> {
-    let (start, end) = model::children("e:", url);
-    Ok(txn
-        .scan(&start, &end, col::EDGE)
-        .await?
-        .into_iter()
-        .filter_map(|(r, _)| model::child_key(&r).map(str::to_string))
-        .filter(|s| s != url)
-        .collect())
+    let mut sources: BTreeSet<String> =
+        model::child_keys(txn, "e:", url, col::EDGE).await?.into_iter().collect();
+    sources.remove(url);
+    Ok(sources)
 }
 
 /// Tells the URLs redirecting straight to `url` that their chain's end may have changed.
 async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<(), ObserverError> {
-    let (start, end) = model::children("r:", url);
-    for (r, _) in txn.scan(&start, &end, col::ALIAS_FROM).await? {
-        if let Some(source) = model::child_key(&r) {
-            txn.notify(model::page(source), Bytes::from_static(col::RANK_DIRTY));
-        }
+    for source in model::child_keys(txn, "r:", url, col::ALIAS_FROM).await? {
+        txn.notify(model::page(&source), Bytes::from_static(col::RANK_DIRTY));
     }
     Ok(())
 }
