@@ -477,6 +477,7 @@ mod tests {
         assert_eq!(store.blobs.len(), 0);
         assert_eq!(store.rows.len(), 0);
     }
+
     #[test]
     fn a_store_in_use_is_refused_and_a_closed_one_reopens_at_once() {
         let dir = tempfile::tempdir().unwrap();
