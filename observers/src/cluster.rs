@@ -1,7 +1,7 @@
 //! cluster: canonical choice per duplicate cluster (SPEC §6.4).
 //!
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes and by
-//!   rank when a member's in-degree or inlinks change).
+//!   rank when a member's in-degree or names change).
 //! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `rank:indeg`,
 //!   `page:canonical` and `rank:names`.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
@@ -77,14 +77,7 @@ impl Observer for Cluster {
             }
         }
         // What forward of the canonical reads: tell it only when that changed.
-        let mut names: Vec<String> = Vec::new();
-        for raw in (0..members.len()).filter_map(|i| got[3 * i + 2].as_ref()) {
-            let part: Vec<String> = serde_json::from_slice(raw)
-                .map_err(|e| ObserverError::Failed(format!("rank:names: {e}")))?;
-            names.extend(part);
-        }
-        names.sort();
-        names.dedup();
+        let names = model::names_union((0..members.len()).filter_map(|i| got[3 * i + 2].as_ref()))?;
         let mut digest = blake3::Hasher::new();
         digest.update(canonical.as_bytes());
         for name in &names {

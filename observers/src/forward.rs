@@ -1,8 +1,8 @@
 //! forward: anchor forwarding to the canonical (SPEC §6.4): the canonical page carries the
 //! inlinks of every member of its cluster (and of their aliases).
 //!
-//! - Trigger: `fwd:dirty` of `p:<url>` (weak: set by cluster, and by rank when a member's
-//!   alias set changes).
+//! - Trigger: `fwd:dirty` of `p:<url>` (weak: set by cluster when the page's canonical, or
+//!   the canonical and the names this reads, changed).
 //! - Reads: the page's `page:canonical` and `dedup:registered` (the cluster dedup put it in:
 //!   cluster tells us about registrations, not about a passing `page:hash` dedup has not
 //!   handled yet), the cluster's members, and each member's `rank:names`.
@@ -45,14 +45,7 @@ impl Observer for Forward {
         let members = members(txn, &hash).await?;
         let keys: Vec<(Bytes, Bytes)> =
             members.iter().map(|m| (model::page(m), Bytes::from_static(col::NAMES))).collect();
-        let mut all: Vec<String> = Vec::new();
-        for v in txn.get_many(&keys).await?.into_iter().flatten() {
-            let part: Vec<String> = serde_json::from_slice(&v)
-                .map_err(|e| ObserverError::Failed(format!("rank:names: {e}")))?;
-            all.extend(part);
-        }
-        all.sort();
-        all.dedup();
+        let all = model::names_union(txn.get_many(&keys).await?.iter().flatten())?;
         model::set_json_if_changed(txn, row, col::FWD_NAMES, &all).await?;
         Ok(())
     }

@@ -296,6 +296,20 @@ pub struct CrawlScope {
     pub max_redirects: u32,
 }
 
+/// The union of several pages' `rank:names` values (absent ones skipped), sorted: the names
+/// whose inlinks a cluster's canonical carries.
+pub fn names_union<'a>(raws: impl IntoIterator<Item = &'a Bytes>) -> Result<Vec<String>, TxnError> {
+    let mut all: Vec<String> = Vec::new();
+    for raw in raws {
+        let part: Vec<String> = serde_json::from_slice(raw)
+            .map_err(|e| TxnError::Corrupt(format!("rank:names: {e}")))?;
+        all.extend(part);
+    }
+    all.sort();
+    all.dedup();
+    Ok(all)
+}
+
 pub async fn get_json<T: DeserializeOwned>(
     txn: &Transaction,
     row: &[u8],
