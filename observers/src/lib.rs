@@ -143,6 +143,12 @@ pub async fn load_recorded(
     Ok(())
 }
 
+/// How many pages the export holds (their lines are counted, not read with their inlinks).
+pub async fn page_count(client: &Client) -> Result<usize, TxnError> {
+    let t = client.begin().await?;
+    Ok(t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len())
+}
+
 /// The export snapshot: every page's line, in URL order.
 pub async fn export(client: &Client) -> Result<Vec<ExportLine>, TxnError> {
     let mut out = Vec::new();

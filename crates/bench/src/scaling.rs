@@ -97,13 +97,7 @@ async fn measure(pages: usize) -> Result<Figures> {
     workers.wait().await?;
     let replay_s = start.elapsed().as_secs_f64();
     let calls = store.counts().row_ops() - before.row_ops();
-    // Pages indexed: the export lines (without joining inlinks, which `perc export` does).
-    let indexed = loader
-        .begin()
-        .await?
-        .scan(b"p:", b"p;", perc_observers::model::col::EXPORT_LINE)
-        .await?
-        .len();
+    let indexed = perc_observers::page_count(&loader).await?;
     // A running system collects old versions as it goes (every `gc_interval_ms`); the bulk
     // load outran the interval, so collect once before measuring updates.
     perc_notify::gc::collect(&loader, 4096).await?;

@@ -217,7 +217,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 "replayed {loaded} responses from {} file(s) in {:.1}s; {} pages indexed",
                 files.len(),
                 s.seconds,
-                count_pages(&app).await?
+                perc_observers::page_count(&app.client).await?
             );
             app.close().await?;
             if problems > 0 {
@@ -290,7 +290,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 "refetched {} pages in {:.1}s; {} pages indexed",
                 targets.len() - unknown.len(),
                 s.seconds,
-                count_pages(&app).await?
+                perc_observers::page_count(&app.client).await?
             );
             app.close().await?;
             Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -335,15 +335,10 @@ async fn crawl(app: &App, seeds: &[Url], prefixes: &[String]) -> Result<()> {
         s.fetched,
         s.seconds,
         s.fetched as f64 / s.seconds.max(0.001),
-        count_pages(app).await?,
+        perc_observers::page_count(&app.client).await?,
         s.failures
     );
     Ok(())
-}
-
-async fn count_pages(app: &App) -> Result<usize> {
-    let t = app.client.begin().await?;
-    Ok(t.scan(b"p:", b"p;", perc_observers::model::col::EXPORT_LINE).await?.len())
 }
 
 /// Writes the export as it is read (a temporary file renamed at the end, so a reader never
