@@ -61,6 +61,28 @@ fn seeds(dir: &Path, urls: &[String]) -> PathBuf {
     f
 }
 
+/// Refetches `changed` into the store at `incremental` (whose export was `v1`), and checks that
+/// the export changed and equals a fresh crawl's from `seeds` (in `tmp/fresh`); returns it.
+fn refetch_equals_fresh_crawl(
+    tmp: &Path,
+    incremental: &Path,
+    v1: &str,
+    changed: &[String],
+    seeds: &Path,
+) -> String {
+    let mut args = vec!["refetch"];
+    args.extend(changed.iter().map(String::as_str));
+    ok(&perc(incremental, &args));
+    let v2_incremental = export(incremental, &tmp.join("v2-incremental.jsonl"));
+    assert_ne!(v1, v2_incremental, "the change set changed the export");
+
+    let fresh = tmp.join("fresh");
+    ok(&perc(&fresh, &["crawl", "--seeds", seeds.to_str().unwrap()]));
+    let v2_fresh = export(&fresh, &tmp.join("v2-fresh.jsonl"));
+    assert_eq!(v2_incremental, v2_fresh, "incremental refetch equals a fresh crawl");
+    v2_fresh
+}
+
 fn golden(name: &str, actual: &str) {
     let path = root().join("fixtures/golden").join(name);
     if std::env::var("UPDATE_GOLDENFILES").is_ok_and(|v| v == "1") {
@@ -160,16 +182,7 @@ fn refetch_after_a_change_set_equals_a_fresh_crawl() {
             changed.push(site.url(&rel));
         }
     }
-    let mut args = vec!["refetch"];
-    args.extend(changed.iter().map(String::as_str));
-    ok(&perc(&incremental, &args));
-    let v2_incremental = export(&incremental, &tmp.path().join("v2-incremental.jsonl"));
-    assert_ne!(v1, v2_incremental, "the change set changed the export");
-
-    let fresh = tmp.path().join("fresh");
-    ok(&perc(&fresh, &["crawl", "--seeds", s.to_str().unwrap()]));
-    let v2_fresh = export(&fresh, &tmp.path().join("v2-fresh.jsonl"));
-    assert_eq!(v2_incremental, v2_fresh, "incremental refetch equals a fresh crawl of v2");
+    let v2_fresh = refetch_equals_fresh_crawl(tmp.path(), &incremental, &v1, &changed, &s);
     golden("demo-v2.jsonl", &v2_fresh.replace(&site.base(), "http://demo.test/"));
 }
 
@@ -398,14 +411,5 @@ fn a_generated_web_and_its_change_set_index_incrementally() {
         .map(|p| site.url(p.trim_start_matches('/')))
         .collect();
     assert_eq!(changed.len(), 6);
-    let mut args = vec!["refetch"];
-    args.extend(changed.iter().map(String::as_str));
-    ok(&perc(&incremental, &args));
-    let v2_incremental = export(&incremental, &tmp.path().join("v2-incremental.jsonl"));
-    assert_ne!(v1, v2_incremental, "the change set changed the export");
-
-    let fresh = tmp.path().join("fresh");
-    ok(&perc(&fresh, &["crawl", "--seeds", s.to_str().unwrap()]));
-    let v2_fresh = export(&fresh, &tmp.path().join("v2-fresh.jsonl"));
-    assert_eq!(v2_incremental, v2_fresh, "incremental refetch equals a fresh crawl");
+    refetch_equals_fresh_crawl(tmp.path(), &incremental, &v1, &changed, &s);
 }
