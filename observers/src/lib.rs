@@ -58,25 +58,33 @@ const LOAD_BATCH: usize = 100;
 /// Starts (or restarts) a crawl: records its scope, and puts the seeds in the frontier with a
 /// new generation, so that seeds already fetched are fetched again.
 pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<(), TxnError> {
-    let mut t = client.begin().await?;
-    t.set(
-        Bytes::from_static(model::CONFIG_ROW),
-        Bytes::from_static(col::SCOPE),
-        serde_json::to_vec(scope).expect("serializable"),
-    );
-    t.commit().await?;
-    for chunk in seeds.chunks(LOAD_BATCH) {
-        let mut t = client.begin().await?;
-        let gen = t.start_ts().0;
-        for s in chunk {
-            let want = Want { depth: 0, gen, hops: 0 };
+    client
+        .retrying(async |c| {
+            let mut t = c.begin().await?;
             t.set(
-                model::page(s.as_str()),
-                Bytes::from_static(col::WANT),
-                serde_json::to_vec(&want).expect("serializable"),
+                Bytes::from_static(model::CONFIG_ROW),
+                Bytes::from_static(col::SCOPE),
+                serde_json::to_vec(scope).expect("serializable"),
             );
-        }
-        t.commit().await?;
+            t.commit().await
+        })
+        .await?;
+    for chunk in seeds.chunks(LOAD_BATCH) {
+        client
+            .retrying(async |c| {
+                let mut t = c.begin().await?;
+                let gen = t.start_ts().0;
+                for s in chunk {
+                    let want = Want { depth: 0, gen, hops: 0 };
+                    t.set(
+                        model::page(s.as_str()),
+                        Bytes::from_static(col::WANT),
+                        serde_json::to_vec(&want).expect("serializable"),
+                    );
+                }
+                t.commit().await
+            })
+            .await?;
     }
     Ok(())
 }
@@ -86,23 +94,30 @@ pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<
 pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, TxnError> {
     let mut unknown = Vec::new();
     for chunk in urls.chunks(LOAD_BATCH) {
-        let mut t = client.begin().await?;
-        let gen = t.start_ts().0;
-        for u in chunk {
-            let row = model::page(u.as_str());
-            match model::get_json::<Want>(&t, &row, col::WANT).await? {
-                Some(mut want) => {
-                    want.gen = gen;
-                    t.set(
-                        row,
-                        Bytes::from_static(col::WANT),
-                        serde_json::to_vec(&want).expect("serializable"),
-                    );
+        let missing = client
+            .retrying(async |c| {
+                let mut t = c.begin().await?;
+                let gen = t.start_ts().0;
+                let mut missing = Vec::new();
+                for u in chunk {
+                    let row = model::page(u.as_str());
+                    match model::get_json::<Want>(&t, &row, col::WANT).await? {
+                        Some(mut want) => {
+                            want.gen = gen;
+                            t.set(
+                                row,
+                                Bytes::from_static(col::WANT),
+                                serde_json::to_vec(&want).expect("serializable"),
+                            );
+                        }
+                        None => missing.push(u.clone()),
+                    }
                 }
-                None => unknown.push(u.clone()),
-            }
-        }
-        t.commit().await?;
+                t.commit().await?;
+                Ok(missing)
+            })
+            .await?;
+        unknown.extend(missing);
     }
     Ok(unknown)
 }
@@ -123,22 +138,26 @@ pub async fn load_recorded(
     recorded: &[perc_crawl::warc::Recorded],
 ) -> Result<(), TxnError> {
     for chunk in recorded.chunks(LOAD_BATCH) {
-        let mut t = client.begin().await?;
-        for r in chunk {
-            let head = model::RawHead {
-                status: Some(r.response.status),
-                content_type: r.response.content_type.clone(),
-                charset: r.response.charset.clone(),
-                location: r.response.location.as_ref().map(Url::to_string),
-                ..model::RawHead::default()
-            };
-            t.set(
-                model::page(r.url.as_str()),
-                Bytes::from_static(col::RAW),
-                model::encode_raw(&head, &r.response.body),
-            );
-        }
-        t.commit().await?;
+        client
+            .retrying(async |c| {
+                let mut t = c.begin().await?;
+                for r in chunk {
+                    let head = model::RawHead {
+                        status: Some(r.response.status),
+                        content_type: r.response.content_type.clone(),
+                        charset: r.response.charset.clone(),
+                        location: r.response.location.as_ref().map(Url::to_string),
+                        ..model::RawHead::default()
+                    };
+                    t.set(
+                        model::page(r.url.as_str()),
+                        Bytes::from_static(col::RAW),
+                        model::encode_raw(&head, &r.response.body),
+                    );
+                }
+                t.commit().await
+            })
+            .await?;
     }
     Ok(())
 }

@@ -130,6 +130,18 @@ impl App {
         let store = open_store(&config).await?;
         let oracle = open_oracle(&config, &store).await?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        if config.store.backend == Backend::Sled {
+            // The embedded store admits one process: every worker registered in it belongs to
+            // a process that ended (killed, most likely), and its locks may go at once.
+            let gone =
+                perc_txn::Liveness::new(store.clone(), clock.clone(), 0).forget_all().await?;
+            if gone > 0 {
+                tracing::info!(
+                    workers = gone,
+                    "cleared the liveness of workers of an ended process"
+                );
+            }
+        }
         let registry = Arc::new(perc_observers::registry(source(&config, fetching)?)?);
         let txn = TxnConfig {
             lock_ttl_ms: config.txn.lock_ttl_ms,
@@ -163,6 +175,7 @@ impl App {
     /// Runs the workers until no notification is pending; shows progress on a terminal.
     pub async fn run_until_quiet(&self, what: &str) -> Result<RunSummary> {
         let started = Instant::now();
+        tracing::debug!("starting the workers");
         let workers = Workers::start(self.engine.clone(), &tokio::runtime::Handle::current());
         let bar = if std::io::stderr().is_terminal() {
             let b = indicatif::ProgressBar::new_spinner();
@@ -191,6 +204,7 @@ impl App {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
+        tracing::debug!("quiescent");
         workers.shutdown().await;
         let summary = summarize(&self.engine.stats());
         self.save_stats().await?;

@@ -6,60 +6,11 @@
 //! `UPDATE_GOLDENFILES=1` (`make golden`) rewrites them.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-use perc_cli::site;
+use std::process::Command;
 
 mod common;
 
-use common::{ok, root, PERC};
-
-fn perc(data: &Path, args: &[&str]) -> Output {
-    Command::new(PERC)
-        .arg("--config")
-        .arg(root().join("config/test.toml"))
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run perc")
-}
-
-/// Serves `dir` for the duration of a test.
-struct Site {
-    _rt: tokio::runtime::Runtime,
-    served: site::Served,
-}
-
-impl Site {
-    fn start(dir: &Path) -> Site {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let served = rt.block_on(site::serve(dir)).unwrap();
-        Site { _rt: rt, served }
-    }
-    fn base(&self) -> String {
-        self.served.base().to_string()
-    }
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base())
-    }
-}
-
-fn export(data: &Path, out: &Path) -> String {
-    ok(&perc(data, &["export", "--out", out.to_str().unwrap()]));
-    std::fs::read_to_string(out).unwrap()
-}
-
-fn seeds(dir: &Path, urls: &[String]) -> PathBuf {
-    let f = dir.join("seeds.txt");
-    std::fs::write(&f, format!("# the demo site\n\n{}\n", urls.join("\n"))).unwrap();
-    f
-}
+use common::{export, golden, ok, perc, root, seeds, Site, PERC};
 
 /// Refetches `changed` into the store at `incremental` (whose export was `v1`), and checks that
 /// the export changed and equals a fresh crawl's from `seeds` (in `tmp/fresh`); returns it.
@@ -81,22 +32,6 @@ fn refetch_equals_fresh_crawl(
     let v2_fresh = export(&fresh, &tmp.join("v2-fresh.jsonl"));
     assert_eq!(v2_incremental, v2_fresh, "incremental refetch equals a fresh crawl");
     v2_fresh
-}
-
-fn golden(name: &str, actual: &str) {
-    let path = root().join("fixtures/golden").join(name);
-    if std::env::var("UPDATE_GOLDENFILES").is_ok_and(|v| v == "1") {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|_| panic!("{} is missing: run make golden", path.display()));
-    assert!(
-        want == actual,
-        "export differs from {}:\n--- want\n{want}\n--- got\n{actual}",
-        path.display()
-    );
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -282,52 +217,6 @@ fn bad_input_is_named_and_loses_nothing() {
 
     // After all that, the first store still holds what it held.
     assert_eq!(export(&data, &tmp.path().join("after.jsonl")), before);
-}
-
-/// A crawl killed with SIGKILL at several points, then run again, ends with the export of a
-/// crawl that was never killed. The child's debug log of each observer run is the progress
-/// signal for when to kill it.
-#[test]
-fn a_killed_crawl_restarts_and_finishes_with_the_same_export() {
-    use std::io::{BufRead, BufReader};
-    let tmp = tempfile::tempdir().unwrap();
-    let site = Site::start(&root().join("fixtures/sites/demo"));
-    let s = seeds(tmp.path(), &[site.base()]);
-    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
-    for (i, runs_before_kill) in [5usize, 40, 120].into_iter().enumerate() {
-        let data = tmp.path().join(format!("store{i}"));
-        let mut child = Command::new(PERC)
-            .arg("--config")
-            .arg(root().join("config/test.toml"))
-            .arg("--data")
-            .arg(&data)
-            .args(["crawl", "--seeds", s.to_str().unwrap()])
-            .env("RUST_LOG", "perc_notify=debug")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let mut runs = 0;
-        for line in BufReader::new(stderr).lines() {
-            if line.unwrap().contains("observer ran") {
-                runs += 1;
-                if runs >= runs_before_kill {
-                    child.kill().unwrap(); // SIGKILL
-                    break;
-                }
-            }
-        }
-        child.wait().unwrap();
-        assert_eq!(runs, runs_before_kill, "the crawl ended before it could be killed");
-        ok(&perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]));
-        let got = export(&data, &tmp.path().join(format!("after-kill{i}.jsonl")));
-        assert_eq!(
-            got.replace(&site.base(), "http://demo.test/"),
-            want,
-            "killed after {runs_before_kill} runs"
-        );
-    }
 }
 
 /// A WARC written by another tool (GNU Wget 1.21 `--warc-file`, recorded from the demo site

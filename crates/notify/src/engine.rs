@@ -330,6 +330,7 @@ impl Engine {
                     return Ok(if ran { RunOutcome::Ran } else { RunOutcome::Skipped });
                 }
                 Err(ObserverError::Txn(e)) if e.is_retryable() => {
+                    tracing::debug!(observer = %reg.name, row = %p.row.escape_ascii(), error = %e, "observer run conflicted");
                     counters.conflicts.fetch_add(1, Ordering::Relaxed);
                     if attempt >= self.config.conflict_retries {
                         return Ok(RunOutcome::Conflict);

@@ -21,7 +21,7 @@
 //! no run in flight, cascades included.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -30,6 +30,7 @@ use rand::{Rng, SeedableRng};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
 use crate::gc;
@@ -39,7 +40,9 @@ const SAMPLE_ROWS: usize = 256;
 
 struct Shared {
     engine: Arc<Engine>,
-    stop: AtomicBool,
+    /// Set once, by `shutdown`; every task's waits end on it (a cancellation is never missed,
+    /// unlike a wake-up sent while a task was not waiting).
+    stop: CancellationToken,
     wake: tokio::sync::Notify,
     permits: Arc<Semaphore>,
     /// Each scanner's current position.
@@ -66,7 +69,7 @@ impl Workers {
             positions: Mutex::new(vec![Bytes::new(); config.scanners]),
             sample: Mutex::new(Vec::new()),
             first_seen: Mutex::new(HashMap::new()),
-            stop: AtomicBool::new(false),
+            stop: CancellationToken::new(),
             wake: tokio::sync::Notify::new(),
             handle: handle.clone(),
             engine,
@@ -119,8 +122,7 @@ impl Workers {
 
     /// Stops every task and waits for runs in flight to finish.
     pub async fn shutdown(self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.wake.notify_waiters();
+        self.shared.stop.cancel();
         for t in self.tasks {
             let _ = t.await;
         }
@@ -155,7 +157,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     // Whether this round, or the last, found strong notifications: work upstream of the weak
     // ones, which then wait longer (up to four windows) so they run after it.
     let (mut strong_now, mut strong_last) = (false, false);
-    while !shared.stop.load(Ordering::SeqCst) {
+    while !shared.stop.is_cancelled() {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
             Ok(b) => b,
@@ -239,6 +241,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 if let Some(ms) = pause {
                     let woken = shared.wake.notified();
                     tokio::select! {
+                        _ = shared.stop.cancelled() => {}
                         _ = woken => {}
                         _ = engine.progress.notified() => {}
                         _ = engine.client().clock().sleep_ms(ms) => {}
@@ -270,12 +273,12 @@ fn right_behind(me: usize, positions: &[Bytes], first: &Bytes, last: &Bytes) -> 
 async fn heartbeat(shared: Arc<Shared>) {
     let client = shared.engine.client().clone();
     let every = (client.config().liveness_ttl_ms / 3).max(1);
-    while !shared.stop.load(Ordering::SeqCst) {
+    while !shared.stop.is_cancelled() {
         if let Err(e) = client.heartbeat().await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
         tokio::select! {
-            _ = shared.wake.notified() => {}
+            _ = shared.stop.cancelled() => {}
             _ = client.clock().sleep_ms(every) => {}
         }
     }
@@ -284,9 +287,9 @@ async fn heartbeat(shared: Arc<Shared>) {
 async fn collector(shared: Arc<Shared>) {
     let engine = shared.engine.clone();
     let every = engine.config().gc_interval_ms;
-    while !shared.stop.load(Ordering::SeqCst) {
+    while !shared.stop.is_cancelled() {
         tokio::select! {
-            _ = shared.wake.notified() => continue,
+            _ = shared.stop.cancelled() => return,
             _ = engine.client().clock().sleep_ms(every) => {}
         }
         match gc::collect(engine.client(), engine.config().scan_batch).await {

@@ -256,6 +256,32 @@ impl Client {
         Ok(())
     }
 
+    /// Runs `attempt` in new transactions until it returns anything but a retryable outcome
+    /// (a conflict, a lock, a rollback): the loop every writer outside the observer framework
+    /// (loaders, counters) needs. Locks of dead workers are cleaned by the attempts
+    /// themselves; a live owner's lock is waited out for at most one lock TTL and one
+    /// liveness TTL past the first attempt, after which it is stale and cleanable too, so the
+    /// loop ends unless other writers keep winning (then it gives up with the last conflict).
+    pub async fn retrying<T>(
+        &self,
+        mut attempt: impl AsyncFnMut(&Client) -> Result<T, TxnError>,
+    ) -> Result<T, TxnError> {
+        let c = &self.inner.config;
+        let deadline =
+            self.inner.clock.now_ms() + 2 * (c.lock_ttl_ms + c.liveness_ttl_ms).max(1_000);
+        let mut n = 0;
+        loop {
+            match attempt(self).await {
+                Err(e) if e.is_retryable() && self.inner.clock.now_ms() < deadline => {
+                    let pause = self.backoff_ms(n);
+                    n += 1;
+                    self.inner.clock.sleep_ms(pause).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// A jittered exponential backoff for attempt `n` (0-based), in ms.
     pub fn backoff_ms(&self, attempt: u32) -> u64 {
         let c = &self.inner.config;
@@ -577,6 +603,9 @@ impl Transaction {
                 {
                     Resolution::RolledBack | Resolution::RolledForward(_) => {}
                     Resolution::Wait => {
+                        if attempt == 0 {
+                            tracing::debug!(row = %error::show(row), column = %error::show(column), lock_ts = %lock_cell.ts, owner = %lock.owner, me = %client.worker(), "waiting on a live lock");
+                        }
                         if waited_ms >= client.config().lock_wait_max_ms {
                             return Err(TxnError::LockWaitTimeout {
                                 row: row.clone(),

@@ -87,6 +87,26 @@ impl Liveness {
         Ok(())
     }
 
+    /// Removes every worker from the registry, so that the locks they left may be cleaned at
+    /// once. Only for a store this process holds exclusively (the embedded one): then every
+    /// worker registered before it opened the store belongs to a process that has ended,
+    /// however fresh its last heartbeat looks. Returns how many there were.
+    pub async fn forget_all(&self) -> Result<usize, TxnError> {
+        let gone: Vec<RowMutation> = self
+            .workers()
+            .await?
+            .into_iter()
+            .map(|(entry, _)| RowMutation {
+                row: row(entry.worker),
+                mutations: vec![Mutation::Delete { column: column(), range: TsRange::ALL }],
+            })
+            .collect();
+        if !gone.is_empty() {
+            self.store.mutate_rows(&gone).await?;
+        }
+        Ok(gone.len())
+    }
+
     fn fresh(&self, entry: &WorkerEntry) -> bool {
         self.clock.now_ms().saturating_sub(entry.heartbeat_ms) <= self.ttl_ms
     }

@@ -2,7 +2,9 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
+
+use perc_cli::site;
 
 pub const PERC: &str = env!("CARGO_BIN_EXE_perc");
 
@@ -20,4 +22,68 @@ pub fn ok(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// Runs perc on the store `data` with the test configuration.
+pub fn perc(data: &Path, args: &[&str]) -> Output {
+    Command::new(PERC)
+        .arg("--config")
+        .arg(root().join("config/test.toml"))
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run perc")
+}
+
+/// Serves `dir` for the duration of a test.
+pub struct Site {
+    _rt: tokio::runtime::Runtime,
+    served: site::Served,
+}
+
+impl Site {
+    pub fn start(dir: &Path) -> Site {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let served = rt.block_on(site::serve(dir)).unwrap();
+        Site { _rt: rt, served }
+    }
+    pub fn base(&self) -> String {
+        self.served.base().to_string()
+    }
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base())
+    }
+}
+
+pub fn export(data: &Path, out: &Path) -> String {
+    ok(&perc(data, &["export", "--out", out.to_str().unwrap()]));
+    std::fs::read_to_string(out).unwrap()
+}
+
+pub fn seeds(dir: &Path, urls: &[String]) -> PathBuf {
+    let f = dir.join("seeds.txt");
+    std::fs::write(&f, format!("# the demo site\n\n{}\n", urls.join("\n"))).unwrap();
+    f
+}
+
+pub fn golden(name: &str, actual: &str) {
+    let path = root().join("fixtures/golden").join(name);
+    if std::env::var("UPDATE_GOLDENFILES").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("{} is missing: run make golden", path.display()));
+    assert!(
+        want == actual,
+        "export differs from {}:\n--- want\n{want}\n--- got\n{actual}",
+        path.display()
+    );
 }
