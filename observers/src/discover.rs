@@ -39,7 +39,7 @@ impl Observer for Discover {
         };
         let seeds: Vec<url::Url> =
             config.seeds.iter().filter_map(|s| url::Url::parse(s).ok()).collect();
-        let scope = Scope::new(&seeds, &config.prefixes);
+        let scope = Scope::new(&seeds, &config.prefixes).map_err(ObserverError::Failed)?;
         let mut targets: Vec<(String, Want)> = Vec::new();
         if follow.depth < config.max_depth {
             for l in &follow.links {

@@ -220,6 +220,14 @@ pub struct Meta {
     pub refresh: Option<String>,
     pub redirect_to: Option<String>,
     pub encoding: String,
+    /// Links left out for their length (SPEC §6.1: longer than the URL limit, or too long
+    /// to share a row key with this page's URL).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub long_links_dropped: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Targets for link discovery.

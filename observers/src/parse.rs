@@ -49,9 +49,16 @@ impl Observer for Parse {
             meta.kind = "other".into();
             meta.reason = error.clone();
         } else if (300..400).contains(&status) && head.location.is_some() {
-            let target = head.location.clone().and_then(|l| perc_crawl::normalize(&l).ok());
+            let target = head.location.clone().map(|l| perc_crawl::normalize(&l));
             match target {
-                Some(t) if t != url => {
+                Some(Ok(t)) if !perc_crawl::urls::link_fits(&url, &t) => {
+                    meta.kind = "other".into();
+                    meta.reason = format!(
+                        "HTTP {status} redirect to a URL of {} bytes, too long to keep",
+                        t.as_str().len()
+                    );
+                }
+                Some(Ok(t)) if t != url => {
                     meta.kind = "redirect".into();
                     meta.reason = format!("HTTP {status} redirect to {t}");
                     meta.redirect_to = Some(t.to_string());
@@ -79,6 +86,7 @@ impl Observer for Parse {
             meta.canonical_hint = parsed.canonical.map(|u| u.to_string());
             meta.refresh = parsed.refresh.map(|u| u.to_string());
             meta.encoding = parsed.encoding.to_string();
+            meta.long_links_dropped = parsed.long_links as u32;
             for link in parsed.links {
                 if link.follow {
                     follow.links.push(link.target.to_string());

@@ -175,7 +175,7 @@ fn reference(fetched: &BTreeMap<String, Response>) -> Vec<ExportLine> {
 /// The reference crawl: breadth-first from the seeds, following what discovery follows.
 fn reference_crawl(web: &Web, seeds: &[&str], scope: &CrawlScope) -> BTreeMap<String, Response> {
     let seed_urls: Vec<Url> = seeds.iter().map(|s| Url::parse(s).unwrap()).collect();
-    let in_scope = perc_crawl::Scope::new(&seed_urls, &scope.prefixes);
+    let in_scope = perc_crawl::Scope::new(&seed_urls, &scope.prefixes).unwrap();
     let mut best: BTreeMap<String, (u32, u32)> = BTreeMap::new();
     let mut queue = VecDeque::new();
     for s in seeds {

@@ -20,7 +20,22 @@ use perc_store::{SledOptions, SledStore, Store};
 use perc_txn::{Client, Clock, SystemClock, TxnConfig};
 use url::Url;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::config::{Backend, Config};
+
+/// A run stopped by SIGINT or SIGTERM: what it did is saved, and running the same command
+/// again resumes it.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 pub struct App {
     pub store: Arc<dyn Store>,
@@ -127,6 +142,13 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
 
 impl App {
     pub async fn open(config: Config, fetching: Fetching) -> Result<App> {
+        if config.store.backend == Backend::Sled && config.workers.scanners == 0 {
+            anyhow::bail!(
+                "workers.scanners = 0 leaves nobody to run the observers of the embedded store \
+                 (store.backend = \"sled\"): it must be at least 1 (0 is for processes that \
+                 only load a shared Bigtable store)"
+            );
+        }
         let store = open_store(&config).await?;
         let oracle = open_oracle(&config, &store).await?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -173,7 +195,13 @@ impl App {
     }
 
     /// Runs the workers until no notification is pending; shows progress on a terminal.
-    pub async fn run_until_quiet(&self, what: &str) -> Result<RunSummary> {
+    /// When `stop` is cancelled (SIGINT, SIGTERM) it stops taking new work, lets the runs in
+    /// flight finish, saves the counters and returns [`Interrupted`].
+    pub async fn run_until_quiet(
+        &self,
+        what: &str,
+        stop: &CancellationToken,
+    ) -> Result<RunSummary> {
         let started = Instant::now();
         tracing::debug!("starting the workers");
         let workers = Workers::start(self.engine.clone(), &tokio::runtime::Handle::current());
@@ -184,12 +212,14 @@ impl App {
         } else {
             None
         };
+        let mut interrupted = false;
         {
             let wait = workers.wait();
             tokio::pin!(wait);
             loop {
                 tokio::select! {
                     r = &mut wait => { r?; break; }
+                    _ = stop.cancelled() => { interrupted = true; break; }
                     _ = tokio::time::sleep(Duration::from_millis(250)) => {
                         if let Some(b) = &bar {
                             let s = summarize(&self.engine.stats());
@@ -204,28 +234,20 @@ impl App {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        tracing::debug!("quiescent");
+        tracing::debug!(interrupted, "workers stopping");
         workers.shutdown().await;
         let summary = summarize(&self.engine.stats());
         self.save_stats().await?;
+        if interrupted {
+            return Err(Interrupted.into());
+        }
         Ok(RunSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
     }
 
     /// Adds this run's counters to the ones stored (shown by `perc status`). Processes
     /// sharing a store add theirs concurrently: a conflict is retried.
     pub async fn save_stats(&self) -> Result<()> {
-        let mut attempt = 0;
-        loop {
-            match self.try_save_stats().await {
-                Err(perc_txn::TxnError::Store(e)) => return Err(e.into()),
-                Err(e) if e.is_retryable() && attempt < 20 => {
-                    let pause = self.client.backoff_ms(attempt);
-                    attempt += 1;
-                    self.client.clock().sleep_ms(pause).await;
-                }
-                r => return Ok(r?),
-            }
-        }
+        Ok(self.client.retrying(async |_| self.try_save_stats().await).await?)
     }
 
     async fn try_save_stats(&self) -> Result<(), perc_txn::TxnError> {

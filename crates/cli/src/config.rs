@@ -1,6 +1,7 @@
 //! Configuration: the embedded `config/default.toml`, then a file, then `PERC_*` environment
 //! variables, then `--set section.key=value` flags; later ones win. Unknown sections or keys
-//! and values of the wrong type are errors that name the key and where it came from.
+//! (`PERC_*` variables included), values of the wrong type and values out of their range are
+//! errors that name the key, the value and where it came from.
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
@@ -75,6 +76,7 @@ pub struct Crawl {
     pub robots_ttl_ms: u64,
     pub robots_retry_ms: u64,
     pub prefixes: Vec<String>,
+    pub seeds_max: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -89,16 +91,27 @@ fn parse_toml(text: &str, origin: &str) -> Result<Value> {
     text.parse::<Value>().map_err(|e| anyhow!("{origin}: not valid TOML: {e}"))
 }
 
+/// Where each key's value came from, for error messages.
+type Origins = std::collections::HashMap<String, String>;
+
 /// Merges `over` into `base`, refusing keys `base` does not have.
-fn merge(base: &mut Value, over: Value, origin: &str, path: &str) -> Result<()> {
+fn merge(
+    base: &mut Value,
+    over: Value,
+    origin: &str,
+    path: &str,
+    origins: &mut Origins,
+) -> Result<()> {
     match (base, over) {
         (Value::Table(b), Value::Table(o)) => {
             for (k, v) in o {
                 let key = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                let slot = b
-                    .get_mut(&k)
-                    .ok_or_else(|| anyhow!("{origin}: unknown configuration key {key:?}"))?;
-                merge(slot, v, origin, &key)?;
+                if !b.contains_key(&k) {
+                    let section = (!path.is_empty()).then_some(path);
+                    return Err(unknown(origin, &key, b.keys(), section));
+                }
+                let slot = b.get_mut(&k).expect("present");
+                merge(slot, v, origin, &key, origins)?;
             }
             Ok(())
         }
@@ -107,9 +120,106 @@ fn merge(base: &mut Value, over: Value, origin: &str, path: &str) -> Result<()> 
                 bail!("{origin}: {path} must be a {}, not {o}", b.type_str());
             }
             *b = o;
+            origins.insert(path.to_string(), origin.to_string());
             Ok(())
         }
     }
+}
+
+/// The error for an unknown key, naming the closest known one when there is a close one.
+/// `known` are full keys, or, when `section` is given, the names in that section.
+fn unknown<'a>(
+    origin: &str,
+    key: &str,
+    known: impl Iterator<Item = &'a String>,
+    section: Option<&str>,
+) -> anyhow::Error {
+    let last = match section {
+        Some(s) => key.strip_prefix(s).and_then(|k| k.strip_prefix('.')).unwrap_or(key),
+        None => key,
+    };
+    let closest = known
+        .map(|k| (edit_distance(&last.to_ascii_lowercase(), &k.to_ascii_lowercase()), k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 4))
+        .min();
+    match closest {
+        Some((_, k)) => {
+            let fixed = section.map_or_else(|| k.clone(), |s| format!("{s}.{k}"));
+            anyhow!("{origin}: unknown configuration key {key:?} (did you mean {fixed:?}?)")
+        }
+        None => anyhow!("{origin}: unknown configuration key {key:?}"),
+    }
+}
+
+/// Levenshtein distance, for suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            prev = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// The allowed range of every integer key: a value outside it would hang, spin or divide by
+/// zero somewhere, or make no sense. Checked once, when the configuration loads.
+const RANGES: &[(&str, i64, i64)] = &[
+    ("store.cache_bytes", 1 << 20, i64::MAX),
+    ("bigtable.channels", 1, 256),
+    ("bigtable.timeout_ms", 1, i64::MAX),
+    ("oracle.reconnect_for_ms", 0, i64::MAX),
+    ("crawl.max_depth", 0, 10_000),
+    ("crawl.max_redirects", 0, 100),
+    ("crawl.max_pages", 0, i64::MAX),
+    ("crawl.body_bytes_max", 1024, 1 << 30),
+    ("crawl.connect_timeout_ms", 1, i64::MAX),
+    ("crawl.total_timeout_ms", 1, i64::MAX),
+    ("crawl.concurrency_max", 1, 10_000),
+    ("crawl.host_delay_ms", 0, i64::MAX),
+    ("crawl.delay_cap_ms", 0, i64::MAX),
+    ("crawl.robots_ttl_ms", 1, i64::MAX),
+    ("crawl.robots_retry_ms", 1, i64::MAX),
+    ("crawl.seeds_max", 1, i64::MAX),
+    ("workers.scanners", 0, 1024),
+    ("workers.concurrency", 1, 100_000),
+    ("workers.scan_batch", 1, 1_000_000),
+    ("workers.conflict_retries", 0, 1_000_000),
+    ("workers.failures_max", 1, 1_000_000),
+    ("workers.failure_backoff_ms", 0, i64::MAX),
+    ("workers.idle_ms", 1, i64::MAX),
+    ("workers.gather_ms", 0, i64::MAX),
+    ("workers.lease_ttl_ms", 100, i64::MAX),
+    ("workers.gc_interval_ms", 0, i64::MAX),
+    ("workers.seed", 0, i64::MAX),
+    ("txn.lock_ttl_ms", 100, i64::MAX),
+    ("txn.liveness_ttl_ms", 100, i64::MAX),
+    ("txn.oracle_block", 1, i64::MAX),
+];
+
+fn check_ranges(root: &Value, origins: &Origins) -> Result<()> {
+    for (key, min, max) in RANGES {
+        let (section, name) = key.split_once('.').expect("section.key");
+        let Some(v) = root.get(section).and_then(|s| s.get(name)).and_then(Value::as_integer)
+        else {
+            continue;
+        };
+        if v < *min || v > *max {
+            let origin = origins.get(*key).map_or("config/default.toml", String::as_str);
+            let range = if *max == i64::MAX {
+                format!("at least {min}")
+            } else {
+                format!("{min} to {max}")
+            };
+            bail!("{origin}: {key} = {v} is out of range: it must be {range}");
+        }
+    }
+    Ok(())
 }
 
 /// Parses a command-line or environment value as the type the key already has.
@@ -130,33 +240,28 @@ fn typed(like: &Value, raw: &str, origin: &str, key: &str) -> Result<Value> {
     })
 }
 
-fn set_key(root: &mut Value, key: &str, raw: &str, origin: &str) -> Result<()> {
+fn set_key(
+    root: &mut Value,
+    key: &str,
+    raw: &str,
+    origin: &str,
+    origins: &mut Origins,
+) -> Result<()> {
     let (section, name) =
         key.split_once('.').ok_or_else(|| anyhow!("{origin}: {key:?} is not section.key"))?;
+    let all: Vec<String> = all_keys(root).into_iter().map(|(s, k)| format!("{s}.{k}")).collect();
     let slot = root
         .get_mut(section)
         .and_then(|s| s.get_mut(name))
-        .ok_or_else(|| anyhow!("{origin}: unknown configuration key {key:?}"))?;
+        .ok_or_else(|| unknown(origin, key, all.iter(), None))?;
     *slot = typed(slot, raw, origin, key)?;
+    origins.insert(key.to_string(), origin.to_string());
     Ok(())
 }
 
-/// Builds the configuration from the layers.
-pub fn load(
-    file: Option<&std::path::Path>,
-    env: &[(String, String)],
-    sets: &[String],
-) -> Result<Config> {
-    let mut root = parse_toml(DEFAULT, "config/default.toml")?;
-    if let Some(path) = file {
-        let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the config file {origin}"))?;
-        merge(&mut root, parse_toml(&text, &origin)?, &origin, "")?;
-    }
-    // PERC_<SECTION>_<KEY>: matched against the keys that exist, so names stay exact.
-    let keys: Vec<(String, String)> = root
-        .as_table()
+/// Every (section, key) of the configuration tree.
+fn all_keys(root: &Value) -> Vec<(String, String)> {
+    root.as_table()
         .into_iter()
         .flat_map(|t| t.iter())
         .flat_map(|(section, v)| {
@@ -166,27 +271,57 @@ pub fn load(
                 .map(move |k| (section.clone(), k.clone()))
                 .collect::<Vec<_>>()
         })
-        .collect();
+        .collect()
+}
+
+/// Builds the configuration from the layers.
+pub fn load(
+    file: Option<&std::path::Path>,
+    env: &[(String, String)],
+    sets: &[String],
+) -> Result<Config> {
+    let mut root = parse_toml(DEFAULT, "config/default.toml")?;
+    let mut origins = Origins::new();
+    if let Some(path) = file {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the config file {origin}"))?;
+        merge(&mut root, parse_toml(&text, &origin)?, &origin, "", &mut origins)?;
+    }
+    // PERC_<SECTION>_<KEY>: matched against the keys that exist, so names stay exact; any
+    // other PERC_ variable is a misspelt key (the binary's own variables are listed).
+    let keys = all_keys(&root);
     for (name, value) in env {
         let Some(rest) = name.strip_prefix("PERC_") else { continue };
-        if let Some((section, key)) =
-            keys.iter().find(|(s, k)| format!("{s}_{k}").eq_ignore_ascii_case(rest))
-        {
-            set_key(
-                &mut root,
-                &format!("{section}.{key}"),
-                value,
-                &format!("environment variable {name}"),
-            )?;
+        if NOT_CONFIG.contains(&name.as_str()) {
+            continue;
+        }
+        let origin = format!("environment variable {name}");
+        match keys.iter().find(|(s, k)| format!("{s}_{k}").eq_ignore_ascii_case(rest)) {
+            Some((section, key)) => {
+                set_key(&mut root, &format!("{section}.{key}"), value, &origin, &mut origins)?
+            }
+            None => {
+                let known: Vec<String> =
+                    keys.iter().map(|(s, k)| format!("{s}_{k}").to_ascii_uppercase()).collect();
+                let mut e = unknown(&origin, rest, known.iter(), None).to_string();
+                e.push_str(" (PERC_<SECTION>_<KEY> sets a configuration key)");
+                bail!(e);
+            }
         }
     }
     for s in sets {
         let (key, value) =
             s.split_once('=').ok_or_else(|| anyhow!("--set {s:?}: expected section.key=value"))?;
-        set_key(&mut root, key.trim(), value, &format!("--set {key}"))?;
+        set_key(&mut root, key.trim(), value, &format!("--set {key}"), &mut origins)?;
     }
+    check_ranges(&root, &origins)?;
     root.try_into().map_err(|e: toml::de::Error| anyhow!("configuration: {e}"))
 }
+
+/// `PERC_` variables that are not configuration keys: the tests' and tools' own.
+const NOT_CONFIG: &[&str] =
+    &["PERC_CBTEMULATOR", "PERC_SEED", "PERC_SEEDS", "PERC_KILL9_CHILD_DIR", "PERC_KILL9_FIRST"];
 
 #[cfg(test)]
 mod tests {
@@ -211,7 +346,7 @@ mod tests {
         let e = load(None, &[], &["crawl.max_dpth=3".into()]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "--set crawl.max_dpth: unknown configuration key \"crawl.max_dpth\""
+            "--set crawl.max_dpth: unknown configuration key \"crawl.max_dpth\" (did you mean \"crawl.max_depth\"?)"
         );
         let e = load(None, &[("PERC_CRAWL_MAX_DEPTH".into(), "deep".into())], &[]).unwrap_err();
         assert_eq!(e.to_string(), "environment variable PERC_CRAWL_MAX_DEPTH: crawl.max_depth must be a integer, not \"deep\"");
@@ -227,6 +362,47 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("unknown configuration key \"nosuch\""));
+    }
+
+    #[test]
+    fn out_of_range_values_name_key_value_range_and_origin() {
+        for (set, want) in [
+            ("txn.oracle_block=0", "--set txn.oracle_block: txn.oracle_block = 0 is out of range: it must be at least 1"),
+            ("store.cache_bytes=0", "store.cache_bytes = 0 is out of range: it must be at least 1048576"),
+            ("workers.scan_batch=0", "workers.scan_batch = 0 is out of range: it must be 1 to 1000000"),
+            ("crawl.concurrency_max=0", "crawl.concurrency_max = 0 is out of range"),
+        ] {
+            let e = load(None, &[], &[set.to_string()]).unwrap_err().to_string();
+            assert!(e.contains(want), "{set}: {e}");
+        }
+        let env = [("PERC_WORKERS_IDLE_MS".to_string(), "0".to_string())];
+        let e = load(None, &env, &[]).unwrap_err().to_string();
+        assert_eq!(e, "environment variable PERC_WORKERS_IDLE_MS: workers.idle_ms = 0 is out of range: it must be at least 1");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[workers]\nconcurrency = 0\n").unwrap();
+        let e = load(Some(&f), &[], &[]).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: workers.concurrency = 0", f.display())), "{e}");
+    }
+
+    #[test]
+    fn misspelt_keys_and_variables_are_errors_naming_the_closest_key() {
+        let env = [("PERC_CRAWL_MAX_DEPHT".to_string(), "3".to_string())];
+        let e = load(None, &env, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("environment variable PERC_CRAWL_MAX_DEPHT: unknown configuration key"),
+            "{e}"
+        );
+        assert!(e.contains("did you mean \"CRAWL_MAX_DEPTH\"?"), "{e}");
+        let e = load(None, &[], &["crawl.max_dept=3".into()]).unwrap_err().to_string();
+        assert!(e.contains("did you mean \"crawl.max_depth\"?"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[crawl]\nuser_agnet = \"x\"\n").unwrap();
+        let e = load(Some(&f), &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown configuration key \"crawl.user_agnet\" (did you mean \"crawl.user_agent\"?)"), "{e}");
+        // The tests' own variables are not configuration.
+        assert!(load(None, &[("PERC_SEED".into(), "4".into())], &[]).is_ok());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `perc`: the binary. Arguments parse once into a validated configuration; the library
 //! crates do the work; only this crate prints.
 
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -10,10 +10,26 @@ use clap::{Parser, Subcommand};
 use perc_crawl::warc::Recorded;
 use perc_observers::model::CrawlScope;
 use perc_observers::PageInfo;
+use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use perc_cli::app::{App, Fetching};
+use perc_cli::app::{App, Fetching, Interrupted};
 use perc_cli::{config, site};
+
+/// A line on stdout. A closed stdout (`perc status | head -1`) is an error that `main` turns
+/// into a quiet exit, the way Unix tools end on a broken pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout(), $($arg)*)?
+    };
+}
+
+/// A line on stderr; a closed stderr loses it, and nothing else.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    };
+}
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -42,15 +58,19 @@ struct Cli {
 enum Command {
     /// Crawl and index from a seed list until the frontier is empty and nothing is pending.
     Crawl {
-        /// One URL a line; `#` starts a comment.
+        /// One URL a line; `#` starts a comment; `-` reads standard input.
         #[arg(long)]
         seeds: PathBuf,
         /// Narrows the scope to URLs starting with this (repeatable).
         #[arg(long = "prefix")]
         prefixes: Vec<String>,
-        /// Records every request and response into this WARC (.warc.gz).
+        /// Records every request and response into this WARC (.warc.gz); an existing file is
+        /// refused unless --append.
         #[arg(long)]
         warc_out: Option<PathBuf>,
+        /// Adds the records to the --warc-out file if it exists.
+        #[arg(long, requires = "warc_out")]
+        append: bool,
     },
     /// Load recorded responses from WARC files and index them.
     Replay { files: Vec<PathBuf> },
@@ -58,7 +78,7 @@ enum Command {
     Canonical { url: String },
     /// Print a page's indexed record as JSON.
     Page { url: String },
-    /// Write the export snapshot as JSON Lines, sorted by URL.
+    /// Write the export snapshot as JSON Lines, sorted by URL (`--out -`: standard output).
     Export {
         #[arg(long)]
         out: PathBuf,
@@ -119,16 +139,57 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (stderr closed) is dropped; reporting that on
+        // stderr would panic the task that logged.
+        .log_internal_errors(false)
         .init();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match runtime.block_on(run(cli)) {
+    let stop = CancellationToken::new();
+    runtime.spawn(signals(stop.clone()));
+    match runtime.block_on(run(cli, stop)) {
         Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Interrupted>() => {
+            say!(
+                "perc: interrupted; everything done so far is saved. Run the same command again \
+                 to resume."
+            );
+            ExitCode::from(130)
+        }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::from(2)
         }
     }
+}
+
+/// The first SIGINT or SIGTERM cancels `stop` (the command winds down and says how to
+/// resume); a second one ends the process at once.
+async fn signals(stop: CancellationToken) {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return;
+    };
+    for n in 0.. {
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => if r.is_err() { return },
+            _ = term.recv() => {}
+        }
+        if n > 0 {
+            say!("perc: interrupted again; stopping now");
+            std::process::exit(130);
+        }
+        say!("perc: stopping (finishing the runs in flight; interrupt again to stop at once)");
+        stop.cancel();
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn load_config(cli: &Cli) -> Result<config::Config> {
@@ -144,135 +205,160 @@ fn parse_url(raw: &str) -> Result<Url> {
     perc_crawl::normalize(raw).map_err(|e| anyhow!(e))
 }
 
-/// Reads a seed list: one URL a line, `#` comments, blank lines ignored.
-fn read_seeds(path: &Path) -> Result<Vec<Url>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the seed list {}", path.display()))?;
+/// Reads a seed list (`-`: standard input) as it streams: one URL a line, `#` comments, blank
+/// lines ignored. A line longer than [`SEED_LINE_BYTES_MAX`], more than `seeds_max` seeds, or
+/// a bad URL is an error naming the line; credentials in a seed are dropped with a warning.
+fn read_seeds(path: &Path, seeds_max: u64) -> Result<Vec<Url>> {
+    let name = path.display().to_string();
+    let input: Box<dyn BufRead> = if name == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(path)
+                .with_context(|| format!("cannot read the seed list {name}"))?,
+        ))
+    };
+    let mut input = std::io::Read::take(input, u64::MAX);
     let mut seeds = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
+    let mut line = Vec::new();
+    for n in 1.. {
+        line.clear();
+        input.set_limit(SEED_LINE_BYTES_MAX as u64 + 1);
+        let got = input
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("cannot read the seed list {name}"))?;
+        if got == 0 {
+            break;
+        }
+        if line.len() > SEED_LINE_BYTES_MAX && !line.ends_with(b"\n") {
+            bail!("{name} line {n}: longer than {SEED_LINE_BYTES_MAX} bytes; is this a seed list?");
+        }
+        let text = std::str::from_utf8(&line)
+            .map_err(|_| anyhow!("{name} line {n}: not UTF-8 text; is this a seed list?"))?;
+        let text = text.split('#').next().unwrap_or("").trim();
+        if text.is_empty() {
             continue;
         }
-        seeds.push(
-            perc_crawl::normalize(line)
-                .map_err(|e| anyhow!("{} line {}: {e}", path.display(), n + 1))?,
-        );
+        let url = perc_crawl::normalize(text).map_err(|e| anyhow!("{name} line {n}: {e}"))?;
+        if perc_crawl::urls::had_userinfo(text) {
+            say!("warning: {name} line {n}: credentials removed from the seed; perc never sends or stores them ({url})");
+        }
+        if seeds.len() as u64 >= seeds_max {
+            bail!("{name} line {n}: more than crawl.seeds_max = {seeds_max} seeds");
+        }
+        seeds.push(url);
     }
     if seeds.is_empty() {
-        bail!("the seed list {} has no URL", path.display());
+        bail!("the seed list {name} has no URL");
     }
     Ok(seeds)
 }
 
-async fn run(cli: Cli) -> Result<ExitCode> {
+/// The longest line a seed list may have.
+const SEED_LINE_BYTES_MAX: usize = 8192;
+
+/// Opens the store for a command that only reads or adds to an index that exists: a store
+/// directory that does not exist (a typo in --data, most likely) is "no perc store", not a
+/// new empty one.
+async fn open_existing(config: config::Config, fetching: Fetching) -> Result<Result<App, String>> {
+    if config.store.backend == config::Backend::Sled
+        && !Path::new(&config.store.data).join("conf").exists()
+    {
+        return Ok(Err(format!(
+            "no perc store at {} (perc crawl and perc replay create one; --data picks another)",
+            config.store.data
+        )));
+    }
+    Ok(Ok(App::open(config, fetching).await?))
+}
+
+/// `open_existing`, or the exit it calls for.
+macro_rules! existing {
+    ($config:expr, $fetching:expr) => {
+        match open_existing($config, $fetching).await? {
+            Ok(app) => app,
+            Err(why) => {
+                say!("{why}");
+                return Ok(ExitCode::from(1));
+            }
+        }
+    };
+}
+
+async fn run(cli: Cli, stop: CancellationToken) -> Result<ExitCode> {
     let config = load_config(&cli)?;
     match cli.command {
-        Command::Crawl { seeds, prefixes, warc_out } => {
-            let seeds = read_seeds(&seeds)?;
-            let recorder =
-                warc_out.as_deref().map(perc_crawl::warc::Recorder::create).transpose()?;
+        Command::Crawl { seeds, prefixes, warc_out, append } => {
+            let seeds = read_seeds(&seeds, config.crawl.seeds_max)?;
+            let scope = crawl_scope(&config, &seeds, &prefixes)?;
+            let recorder = warc_out
+                .as_deref()
+                .map(|p| perc_crawl::warc::Recorder::create(p, append))
+                .transpose()?;
             let app = App::open(config, Fetching::Live { warc_out: recorder }).await?;
-            crawl(&app, &seeds, &prefixes).await?;
+            let result = crawl(&app, &seeds, &scope, &stop).await;
             app.close().await?;
-            Ok(ExitCode::SUCCESS)
+            result
         }
         Command::Replay { files } => {
             if files.is_empty() {
                 bail!("replay needs at least one WARC file");
             }
             let app = App::open(config, Fetching::Offline).await?;
-            let mut problems = 0;
-            let mut loaded = 0;
-            for f in &files {
-                // Records stream from a reading thread in batches: memory stays flat in the
-                // size of the file.
-                let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Recorded>>(4);
-                let (path, max) = (f.clone(), app.config.crawl.body_bytes_max);
-                let reading = tokio::task::spawn_blocking(move || {
-                    let mut batch = Vec::with_capacity(REPLAY_BATCH);
-                    let issues = perc_crawl::warc::read_each(&path, max, |r| {
-                        batch.push(r);
-                        if batch.len() == REPLAY_BATCH {
-                            let _ = tx.blocking_send(std::mem::take(&mut batch));
-                        }
-                    })?;
-                    if !batch.is_empty() {
-                        let _ = tx.blocking_send(batch);
-                    }
-                    Ok::<_, std::io::Error>(issues)
-                });
-                while let Some(batch) = rx.recv().await {
-                    loaded += batch.len();
-                    perc_observers::load_recorded(&app.client, &batch).await?;
-                }
-                let issues = reading.await??;
-                for i in &issues {
-                    eprintln!("warning: {i}");
-                }
-                problems += issues.len();
-            }
-            let s = app.run_until_quiet("replay").await?;
-            println!(
-                "replayed {loaded} responses from {} file(s) in {:.1}s; {} pages indexed",
-                files.len(),
-                s.seconds,
-                perc_observers::page_count(&app.client).await?
-            );
+            let result = replay(&app, &files, &stop).await;
             app.close().await?;
-            if problems > 0 {
-                eprintln!("{problems} record(s) could not be read (see the warnings above); the others were indexed");
-                return Ok(ExitCode::from(1));
-            }
-            Ok(ExitCode::SUCCESS)
+            result
         }
         Command::Canonical { url } => {
             let url = parse_url(&url)?;
-            let app = App::open(config, Fetching::Offline).await?;
+            let app = existing!(config, Fetching::Offline);
             let answer = perc_observers::canonical(&app.client, &url).await?;
             app.close().await?;
             match answer {
                 Ok(c) => {
-                    println!("{c}");
+                    out!("{c}");
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(why) => {
-                    eprintln!("{why}");
+                    say!("{why}");
                     Ok(ExitCode::from(1))
                 }
             }
         }
         Command::Page { url } => {
             let url = parse_url(&url)?;
-            let app = App::open(config, Fetching::Offline).await?;
+            let app = existing!(config, Fetching::Offline);
             let info = perc_observers::page_info(&app.client, &url).await?;
             app.close().await?;
             match info {
-                PageInfo::Page(line) => println!("{}", serde_json::to_string(&line)?),
-                PageInfo::NotAPage(meta) => println!(
+                PageInfo::Page(line) => out!("{}", serde_json::to_string(&line)?),
+                PageInfo::NotAPage(meta) => out!(
                     "{}",
                     serde_json::json!({"url": url.as_str(), "kind": meta.kind, "reason": meta.reason, "status": meta.status, "redirect_to": meta.redirect_to})
                 ),
-                PageInfo::Pending => println!(
+                PageInfo::Pending => out!(
                     "{}",
                     serde_json::json!({"url": url.as_str(), "kind": "pending", "reason": "in the frontier, not fetched yet"})
                 ),
                 PageInfo::Unknown => {
-                    eprintln!("{url} is not known to this index");
+                    say!("{url} is not known to this index");
                     return Ok(ExitCode::from(1));
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Export { out } => {
-            let app = App::open(config, Fetching::Offline).await?;
-            let n = write_export(&app, &out).await?;
-            println!("exported {n} pages to {}", out.display());
+            let app = existing!(config, Fetching::Offline);
+            let written = write_export(&app, &out).await;
             app.close().await?;
+            let n = written?;
+            if out.as_os_str() != "-" {
+                out!("exported {n} pages to {}", out.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Refetch { urls, all } => {
-            let app = App::open(config, Fetching::Live { warc_out: None }).await?;
+            let app = existing!(config, Fetching::Live { warc_out: None });
             let targets: Vec<Url> = if all {
                 perc_observers::known_urls(&app.client).await?
             } else {
@@ -283,10 +369,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             };
             let unknown = perc_observers::refetch(&app.client, &targets).await?;
             for u in &unknown {
-                eprintln!("warning: {u} is not known to this index; not fetched");
+                say!("warning: {u} is not known to this index; not fetched");
             }
-            let s = app.run_until_quiet("refetch").await?;
-            println!(
+            let s = app.run_until_quiet("refetch", &stop).await;
+            let s = match s {
+                Ok(s) => s,
+                Err(e) => {
+                    app.close().await?;
+                    return Err(e);
+                }
+            };
+            out!(
                 "refetched {} pages in {:.1}s; {} pages indexed",
                 targets.len() - unknown.len(),
                 s.seconds,
@@ -296,41 +389,64 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Status => {
-            let app = App::open(config, Fetching::Offline).await?;
-            status(&app).await?;
+            let app = existing!(config, Fetching::Offline);
+            let shown = status(&app).await;
             app.close().await?;
+            shown?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Wait => {
-            let app = App::open(config, Fetching::Live { warc_out: None }).await?;
-            app.run_until_quiet("wait").await?;
+            let app = existing!(config, Fetching::Live { warc_out: None });
+            let waited = app.run_until_quiet("wait", &stop).await;
             app.close().await?;
+            waited?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate { pages, seed, site, warc, base, change, version } => {
             generate(pages, seed, site.as_deref(), warc.as_deref(), &base, change, version)
         }
-        Command::Oracle { listen } => oracle(config, &listen).await,
-        Command::Worker => worker(config).await,
-        Command::Demo { site } => demo(config, &site).await,
+        Command::Oracle { listen } => oracle(config, &listen, &stop).await,
+        Command::Worker => worker(config, &stop).await,
+        Command::Demo { site } => demo(config, &site, &stop).await,
     }
 }
 
 /// Responses a replay loads per transaction batch.
 const REPLAY_BATCH: usize = 256;
 
-async fn crawl(app: &App, seeds: &[Url], prefixes: &[String]) -> Result<()> {
-    let mut all_prefixes = app.config.crawl.prefixes.clone();
+/// The crawl's scope from the configured and the given prefixes; an error names a prefix that
+/// is not an absolute http(s) URL, or says that no seed is inside the prefixes.
+fn crawl_scope(config: &config::Config, seeds: &[Url], prefixes: &[String]) -> Result<CrawlScope> {
+    let mut all_prefixes = config.crawl.prefixes.clone();
     all_prefixes.extend(prefixes.iter().cloned());
-    let scope = CrawlScope {
+    let scope = perc_crawl::Scope::new(seeds, &all_prefixes).map_err(|e| anyhow!(e))?;
+    let outside: Vec<&Url> = seeds.iter().filter(|s| !scope.contains(s)).collect();
+    if !all_prefixes.is_empty() && outside.len() == seeds.len() {
+        bail!(
+            "no seed is inside the scope prefixes ({}): nothing could be crawled",
+            all_prefixes.join(", ")
+        );
+    }
+    for s in outside {
+        say!("warning: the seed {s} is outside the scope prefixes: fetched, but its links are not followed");
+    }
+    Ok(CrawlScope {
         seeds: seeds.iter().map(Url::to_string).collect(),
         prefixes: all_prefixes,
-        max_depth: app.config.crawl.max_depth,
-        max_redirects: app.config.crawl.max_redirects,
-    };
-    perc_observers::seed(&app.client, seeds, &scope).await?;
-    let s = app.run_until_quiet("crawl").await?;
-    println!(
+        max_depth: config.crawl.max_depth,
+        max_redirects: config.crawl.max_redirects,
+    })
+}
+
+async fn crawl(
+    app: &App,
+    seeds: &[Url],
+    scope: &CrawlScope,
+    stop: &CancellationToken,
+) -> Result<ExitCode> {
+    perc_observers::seed(&app.client, seeds, scope).await?;
+    let s = app.run_until_quiet("crawl", stop).await?;
+    out!(
         "crawled {} URLs in {:.1}s ({:.1} pages/s); {} pages indexed; {} observer failures",
         s.fetched,
         s.seconds,
@@ -338,17 +454,79 @@ async fn crawl(app: &App, seeds: &[Url], prefixes: &[String]) -> Result<()> {
         perc_observers::page_count(&app.client).await?,
         s.failures
     );
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
-/// Writes the export as it is read (a temporary file renamed at the end, so a reader never
-/// sees half of one); returns the number of pages.
+async fn replay(app: &App, files: &[PathBuf], stop: &CancellationToken) -> Result<ExitCode> {
+    let mut problems = 0;
+    let mut loaded = 0;
+    for f in files {
+        // Records stream from a reading thread in batches: memory stays flat in the size of
+        // the file.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Recorded>>(4);
+        let (path, max) = (f.clone(), app.config.crawl.body_bytes_max);
+        let reading = tokio::task::spawn_blocking(move || {
+            let mut batch = Vec::with_capacity(REPLAY_BATCH);
+            let issues = perc_crawl::warc::read_each(&path, max, |r| {
+                batch.push(r);
+                if batch.len() == REPLAY_BATCH {
+                    let _ = tx.blocking_send(std::mem::take(&mut batch));
+                }
+            })?;
+            if !batch.is_empty() {
+                let _ = tx.blocking_send(batch);
+            }
+            Ok::<_, std::io::Error>(issues)
+        });
+        loop {
+            let batch = tokio::select! {
+                b = rx.recv() => b,
+                _ = stop.cancelled() => return Err(Interrupted.into()),
+            };
+            let Some(batch) = batch else { break };
+            loaded += batch.len();
+            perc_observers::load_recorded(&app.client, &batch).await?;
+        }
+        let issues = reading.await??;
+        for i in &issues {
+            say!("warning: {i}");
+        }
+        problems += issues.len();
+    }
+    let s = app.run_until_quiet("replay", stop).await?;
+    out!(
+        "replayed {loaded} responses from {} file(s) in {:.1}s; {} pages indexed",
+        files.len(),
+        s.seconds,
+        perc_observers::page_count(&app.client).await?
+    );
+    if problems > 0 {
+        say!("{problems} record(s) could not be read (see the warnings above); the others were indexed");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the export as it is read, to stdout for `-`, else to a temporary file renamed at
+/// the end (so a reader never sees half of one); returns the number of pages.
 async fn write_export(app: &App, out: &Path) -> Result<usize> {
+    let mut n = 0;
+    if out.as_os_str() == "-" {
+        let mut f = std::io::BufWriter::new(std::io::stdout().lock());
+        perc_observers::export_each(&app.client, |l| {
+            serde_json::to_writer(&mut f, &l)?;
+            f.write_all(b"\n")?;
+            n += 1;
+            Ok::<_, anyhow::Error>(())
+        })
+        .await?;
+        f.flush()?;
+        return Ok(n);
+    }
     let tmp = out.with_extension("jsonl.tmp");
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?,
     );
-    let mut n = 0;
     perc_observers::export_each(&app.client, |l| {
         serde_json::to_writer(&mut f, &l)?;
         f.write_all(b"\n")?;
@@ -367,25 +545,31 @@ async fn status(app: &App) -> Result<()> {
     let clusters = t.scan(b"c:", b"c;", perc_observers::model::col::CLUSTER_CANONICAL).await?.len();
     let frontier = t.scan(b"p:", b"p;", perc_observers::model::col::WANT).await?.len();
     let pending = app.engine.pending_count(1_000_000).await?;
-    println!("pages indexed:          {pages}");
-    println!("duplicate clusters:     {clusters}");
-    println!("URLs in the frontier:   {frontier}");
-    println!("pending notifications:  {pending}");
+    out!("pages indexed:          {pages}");
+    out!("duplicate clusters:     {clusters}");
+    out!("URLs in the frontier:   {frontier}");
+    out!("pending notifications:  {pending}");
     let stats = perc_cli::app::decode_stats(
         t.get(perc_cli::app::STATS_ROW, perc_cli::app::STATS_COLUMN).await?,
     )?;
-    println!(
+    out!(
         "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
-        "observer", "runs", "commits", "skipped", "conflicts", "failures", "parked"
+        "observer",
+        "runs",
+        "commits",
+        "skipped",
+        "conflicts",
+        "failures",
+        "parked"
     );
     for (name, [runs, commits, skipped, conflicts, failures, parked]) in &stats {
-        println!("{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7}");
+        out!("{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7}");
     }
     let failed = app.engine.failed_list().await?;
     if !failed.is_empty() {
-        println!("\nparked notifications ({}):", failed.len());
+        out!("\nparked notifications ({}):", failed.len());
         for f in failed {
-            println!("  {} {}: {}", f.row.escape_ascii(), f.column.escape_ascii(), f.detail);
+            out!("  {} {}: {}", f.row.escape_ascii(), f.column.escape_ascii(), f.detail);
         }
     }
     Ok(())
@@ -415,7 +599,7 @@ fn generate(
         perc_synth::write::apply_changes(&web, dir, &changes, version)
             .with_context(|| format!("cannot write into {}", dir.display()))?;
         for (i, _) in changes {
-            println!("{}", perc_synth::Web::path(i));
+            out!("{}", perc_synth::Web::path(i));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -425,56 +609,50 @@ fn generate(
     if let Some(dir) = site {
         perc_synth::write::site(&web, dir)
             .with_context(|| format!("cannot write the site {}", dir.display()))?;
-        println!("wrote {pages} pages to {}", dir.display());
+        out!("wrote {pages} pages to {}", dir.display());
     }
     if let Some(file) = warc {
         perc_synth::write::warc(&web, file)
             .with_context(|| format!("cannot write the WARC {}", file.display()))?;
-        println!("wrote {pages} pages to {}", file.display());
+        out!("wrote {pages} pages to {}", file.display());
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Returns when the process is asked to stop (SIGTERM or Ctrl-C).
-async fn stop_requested() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r?,
-        _ = term.recv() => {}
-    }
-    Ok(())
-}
-
-async fn oracle(config: config::Config, listen: &str) -> Result<ExitCode> {
+async fn oracle(
+    config: config::Config,
+    listen: &str,
+    stop: &CancellationToken,
+) -> Result<ExitCode> {
     let store = perc_cli::app::open_store(&config).await?;
     let oracle = perc_oracle::LocalOracle::open(store, config.txn.oracle_block).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     // The address line is what scripts (and the tests) wait for.
-    println!("oracle listening on {}", listener.local_addr()?);
+    out!("oracle listening on {}", listener.local_addr()?);
     std::io::stdout().flush()?;
     tokio::select! {
         r = perc_oracle::serve(listener, std::sync::Arc::new(oracle)) => r?,
-        r = stop_requested() => r?,
+        _ = stop.cancelled() => {}
     }
     Ok(ExitCode::SUCCESS)
 }
 
-async fn worker(config: config::Config) -> Result<ExitCode> {
+async fn worker(config: config::Config, stop: &CancellationToken) -> Result<ExitCode> {
     let app = App::open(config, Fetching::Live { warc_out: None }).await?;
     let workers =
         perc_notify::Workers::start(app.engine.clone(), &tokio::runtime::Handle::current());
-    println!("worker {} running", app.engine.client().worker());
+    out!("worker {} running", app.engine.client().worker());
     std::io::stdout().flush()?;
-    stop_requested().await?;
+    stop.cancelled().await;
     workers.shutdown().await;
     app.save_stats().await?;
     app.close().await?;
     Ok(ExitCode::SUCCESS)
 }
 
-async fn demo(config: config::Config, site: &Path) -> Result<ExitCode> {
+async fn demo(config: config::Config, site: &Path, stop: &CancellationToken) -> Result<ExitCode> {
     if !site.is_dir() {
         bail!(
             "the demo site {} does not exist (run from the repository's top directory)",
@@ -483,20 +661,22 @@ async fn demo(config: config::Config, site: &Path) -> Result<ExitCode> {
     }
     let served = site::serve(site).await?;
     let base = served.base();
-    println!("serving {} at {base}", site.display());
+    out!("serving {} at {base}", site.display());
+    let seeds = std::slice::from_ref(&base);
+    let scope = crawl_scope(&config, seeds, &[])?;
     let app = App::open(config, Fetching::Live { warc_out: None }).await?;
-    crawl(&app, std::slice::from_ref(&base), &[]).await?;
-    println!();
+    crawl(&app, seeds, &scope, stop).await?;
+    out!();
     for path in
         ["", "about.html", "copy-of-about.html", "old-about", "missing.html", "private/secret.html"]
     {
         let url = base.join(path)?;
         match perc_observers::canonical(&app.client, &url).await? {
-            Ok(c) => println!("perc canonical {url}\n  -> {c}"),
-            Err(why) => println!("perc canonical {url}\n  -> ({why})"),
+            Ok(c) => out!("perc canonical {url}\n  -> {c}"),
+            Err(why) => out!("perc canonical {url}\n  -> ({why})"),
         }
     }
-    println!();
+    out!();
     status(&app).await?;
     app.close().await?;
     Ok(ExitCode::SUCCESS)

@@ -19,7 +19,7 @@ use encoding_rs::Encoding;
 use scraper::{ElementRef, Html, Selector};
 use url::Url;
 
-use crate::urls::resolve;
+use crate::urls::{link_fits, resolve};
 
 /// One edge of the link graph, as the source page states it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +42,8 @@ pub struct ParsedPage {
     pub canonical: Option<Url>,
     /// `<meta http-equiv="refresh">`'s target, resolved: recorded, not yet used.
     pub refresh: Option<Url>,
+    /// Links left out for their length ([`crate::urls::link_fits`]).
+    pub long_links: usize,
     /// The encoding the text was decoded with.
     pub encoding: &'static str,
 }
@@ -177,6 +179,10 @@ pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
         };
         if target == *url {
             continue; // not an edge: source and target are the same page
+        }
+        if !link_fits(url, &target) {
+            page.long_links += 1;
+            continue;
         }
         let anchor = anchor_text(&a);
         let follow = !page.nofollow

@@ -8,6 +8,11 @@
 //! record is parsed by the `warc` crate; a response record's payload (an HTTP response) by
 //! `httparse`, then de-chunked and decompressed as recorded, under the same body cap as a
 //! live fetch.
+//!
+//! Bounds: a record is inflated or read only up to the body cap plus [`HEAD_BYTES_MAX`]
+//! twice (its WARC headers and its HTTP head); a larger one is skipped with an issue naming
+//! file and offset, its gzip member inflated into nothing to find where the next one starts,
+//! so memory stays at one capped record whatever the file holds.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -18,6 +23,14 @@ use url::Url;
 use warc::{RecordBuilder, RecordType, WarcHeader, WarcReader, WarcWriter};
 
 use crate::fetch::Response;
+
+/// The most bytes a record's WARC header block may have (and, separately, its HTTP head).
+pub const HEAD_BYTES_MAX: u64 = 64 * 1024;
+
+/// The largest record read: the body cap and two header allowances.
+fn record_bytes_max(body_bytes_max: u64) -> u64 {
+    body_bytes_max.saturating_add(2 * HEAD_BYTES_MAX)
+}
 
 /// A problem with one record (or with the file): where it is, and what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -67,11 +80,17 @@ pub fn read_each(
             break;
         }
         let mut record = Vec::new();
+        let cap = record_bytes_max(body_bytes_max);
         let consumed = if gz {
             let mut counting = Counting { inner: &mut reader, count: 0 };
-            let result = flate2::bufread::GzDecoder::new(&mut counting).read_to_end(&mut record);
-            match result {
-                Ok(_) => counting.count,
+            match inflate_member(&mut counting, cap, &mut record) {
+                Ok(true) => counting.count,
+                Ok(false) => {
+                    issues.push(issue(offset, oversize(cap)));
+                    offset += counting.count;
+                    reader.seek(SeekFrom::Start(offset))?;
+                    continue;
+                }
                 Err(e) => {
                     issues.push(issue(offset, format!("corrupt gzip member: {e}")));
                     match resync(&mut reader, offset + 1, b"\x1f\x8b\x08")? {
@@ -87,12 +106,18 @@ pub fn read_each(
             // A plain WARC: the record runs to the next "WARC/" at a line start, or the end.
             let start = offset;
             reader.seek(SeekFrom::Start(start))?;
-            let end = resync(&mut reader, start + 1, b"\r\nWARC/")?.map(|p| p + 2);
-            reader.seek(SeekFrom::Start(start))?;
-            match end {
-                Some(end) => reader.by_ref().take(end - start).read_to_end(&mut record)?,
-                None => reader.read_to_end(&mut record)?,
+            let end = match resync(&mut reader, start + 1, b"\r\nWARC/")? {
+                Some(p) => p + 2,
+                None => reader.seek(SeekFrom::End(0))?,
             };
+            if end - start > cap {
+                issues.push(issue(offset, oversize(cap)));
+                offset = end;
+                reader.seek(SeekFrom::Start(offset))?;
+                continue;
+            }
+            reader.seek(SeekFrom::Start(start))?;
+            reader.by_ref().take(end - start).read_to_end(&mut record)?;
             record.len() as u64
         };
         match parse_record(&record, body_bytes_max) {
@@ -106,6 +131,27 @@ pub fn read_each(
         }
     }
     Ok(issues)
+}
+
+/// Inflates one gzip member into `record`, keeping at most `cap` bytes: `Ok(false)` when it
+/// held more (the rest is inflated into nothing, so the reader ends after the member).
+fn inflate_member(reader: impl BufRead, cap: u64, record: &mut Vec<u8>) -> io::Result<bool> {
+    let mut member = flate2::bufread::GzDecoder::new(reader);
+    member.by_ref().take(cap + 1).read_to_end(record)?;
+    if record.len() as u64 <= cap {
+        return Ok(true);
+    }
+    record.clear();
+    record.shrink_to_fit();
+    io::copy(&mut member, &mut io::sink())?;
+    Ok(false)
+}
+
+fn oversize(cap: u64) -> String {
+    format!(
+        "record larger than {cap} bytes (crawl.body_bytes_max and {HEAD_BYTES_MAX} bytes each \
+         for the WARC and HTTP heads): skipped"
+    )
 }
 
 /// The position of the next `magic` at or after `from` (the reader is left there).
@@ -159,6 +205,12 @@ impl<R: BufRead> BufRead for Counting<'_, R> {
 
 /// A response record's URL and response; `None` for other record types.
 fn parse_record(bytes: &[u8], body_bytes_max: u64) -> Result<Option<Recorded>, String> {
+    let head_window = &bytes[..bytes.len().min(HEAD_BYTES_MAX as usize + 4)];
+    if !head_window.windows(4).any(|w| w == b"\r\n\r\n") {
+        return Err(format!(
+            "WARC header block longer than {HEAD_BYTES_MAX} bytes, or unterminated"
+        ));
+    }
     let record = WarcReader::new(bytes)
         .iter_records()
         .next()
@@ -255,17 +307,33 @@ fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
-/// Writes request and response records, one gzip member each.
+/// Writes request and response records, one gzip member each. Each member is built in
+/// memory and written with one call, so that the file ends on a record boundary whenever
+/// the process stops short of being killed mid-write.
 pub struct Recorder {
-    out: io::BufWriter<File>,
+    out: File,
     path: PathBuf,
 }
 
 impl Recorder {
-    pub fn create(path: &Path) -> io::Result<Recorder> {
-        let file = File::create(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        Ok(Recorder { out: io::BufWriter::new(file), path: path.to_path_buf() })
+    /// A new WARC at `path`. An existing file is refused, unless `append` (then new records
+    /// go after the ones it has); nothing already recorded is ever truncated.
+    pub fn create(path: &Path, append: bool) -> io::Result<Recorder> {
+        let mut options = File::options();
+        if append {
+            options.append(true).create(true);
+        } else {
+            options.write(true).create_new(true);
+        }
+        let file = options.open(path).map_err(|e| {
+            let hint = if e.kind() == io::ErrorKind::AlreadyExists {
+                " (it would be overwritten: give another file, or --append to add to it)"
+            } else {
+                ""
+            };
+            io::Error::new(e.kind(), format!("{}: {e}{hint}", path.display()))
+        })?;
+        Ok(Recorder { out: file, path: path.to_path_buf() })
     }
 
     pub fn path(&self) -> &Path {
@@ -322,15 +390,14 @@ impl Recorder {
         let mut plain = WarcWriter::new(io::BufWriter::new(Vec::new()));
         plain.write(&record)?;
         let plain = plain.into_inner().map_err(|e| io::Error::other(e.to_string()))?;
-        let mut gz = flate2::write::GzEncoder::new(&mut self.out, flate2::Compression::default());
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         gz.write_all(&plain)?;
-        gz.finish()?;
-        Ok(())
+        self.out.write_all(&gz.finish()?)
     }
 
-    pub fn finish(mut self) -> io::Result<()> {
-        self.out.flush()?;
-        self.out.get_ref().sync_all()
+    /// Makes every record written so far durable.
+    pub fn finish(self) -> io::Result<()> {
+        self.out.sync_all()
     }
 }
 
@@ -361,10 +428,82 @@ mod tests {
     }
 
     #[test]
+    fn an_existing_warc_is_refused_unless_appended_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crawl.warc.gz");
+        let a = Url::parse("http://h.test/a").unwrap();
+        let mut rec = Recorder::create(&path, false).unwrap();
+        rec.record(&a, "perc", &resp(200, "first")).unwrap();
+        rec.finish().unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        let e = Recorder::create(&path, false).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert!(e.to_string().contains("--append"), "{e}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "nothing was truncated");
+        let mut rec = Recorder::create(&path, true).unwrap();
+        rec.record(&Url::parse("http://h.test/b").unwrap(), "perc", &resp(200, "second")).unwrap();
+        rec.finish().unwrap();
+        let (got, issues) = read(&path, 1 << 20).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        let bodies: Vec<&[u8]> = got.iter().map(|r| r.response.body.as_ref()).collect();
+        assert_eq!(bodies, [b"first".as_ref(), b"second"]);
+    }
+
+    /// The largest resident set this process has had, in bytes (Linux).
+    fn peak_rss() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    }
+
+    #[test]
+    fn a_gzip_bomb_record_is_skipped_without_inflating_it_into_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bomb.warc.gz");
+        let mut rec = Recorder::create(&path, false).unwrap();
+        rec.record(&Url::parse("http://h.test/before").unwrap(), "perc", &resp(200, "ok")).unwrap();
+        rec.finish().unwrap();
+        // A response record of 96 MiB of spaces: a gzip member of about 100 KB.
+        let bomb_at = std::fs::metadata(&path).unwrap().len();
+        let mut file = File::options().append(true).open(&path).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let body_len = 96 << 20;
+        let head = format!(
+            "WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: http://h.test/bomb\r\n\
+             WARC-Record-ID: <urn:uuid:00000000-0000-0000-0000-000000000000>\r\n\
+             WARC-Date: 2026-01-01T00:00:00Z\r\n\
+             Content-Type: application/http; msgtype=response\r\nContent-Length: {}\r\n\r\n\
+             HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n",
+            body_len + 44
+        );
+        gz.write_all(head.as_bytes()).unwrap();
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..96 {
+            gz.write_all(&chunk).unwrap();
+        }
+        gz.write_all(b"\r\n\r\n").unwrap();
+        file.write_all(&gz.finish().unwrap()).unwrap();
+        drop(file);
+        let mut rec = Recorder::create(&path, true).unwrap();
+        rec.record(&Url::parse("http://h.test/after").unwrap(), "perc", &resp(200, "ok")).unwrap();
+        rec.finish().unwrap();
+
+        let before = peak_rss();
+        let (got, issues) = read(&path, 1 << 20).unwrap();
+        let grew = peak_rss().saturating_sub(before);
+        let urls: Vec<&str> = got.iter().map(|r| r.url.as_str()).collect();
+        assert_eq!(urls, ["http://h.test/before", "http://h.test/after"]);
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].offset, bomb_at);
+        assert!(issues[0].message.starts_with("record larger than"), "{}", issues[0]);
+        assert!(grew < 16 << 20, "reading grew the peak RSS by {grew} bytes");
+    }
+
+    #[test]
     fn round_trip_and_recovery_around_a_corrupt_member() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("crawl.warc.gz");
-        let mut rec = Recorder::create(&path).unwrap();
+        let mut rec = Recorder::create(&path, false).unwrap();
         let urls: Vec<Url> =
             (0..4).map(|i| Url::parse(&format!("http://h.test/p{i}")).unwrap()).collect();
         for (i, u) in urls.iter().enumerate() {

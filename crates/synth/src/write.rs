@@ -55,9 +55,14 @@ pub fn apply_changes(
     Ok(())
 }
 
-/// The whole web as a WARC (request and response records, one gzip member each).
+/// The whole web as a WARC (request and response records, one gzip member each). An
+/// existing file at `path` is replaced: the web is a function of its spec.
 pub fn warc(web: &Web, path: &Path) -> io::Result<()> {
-    let mut recorder = Recorder::create(path)?;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut recorder = Recorder::create(path, false)?;
     for (url, response) in web.responses() {
         recorder.record(&url, "perc-synth", &response)?;
     }
