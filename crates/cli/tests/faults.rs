@@ -151,3 +151,281 @@ fn restart_after_kill9_of_a_replay_finishes_in_one_run() {
     let want = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
     kill_and_restart_20_times(tmp.path(), &["replay", warc.to_str().unwrap()], 11, &want, &|e| e);
 }
+
+/// The stderr of a run, for assertions.
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn closed_stdout_ends_the_command_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("store");
+    let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
+    common::ok(&common::perc(&data, &["replay", warc.to_str().unwrap()]));
+    for args in [&["status"][..], &["export", "--out", "-"]] {
+        // `perc status | head -0`: the reader is gone before perc writes.
+        let mut child =
+            command(&data, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr_of(&out));
+        assert_eq!(stderr_of(&out), "", "{args:?} ends quietly");
+    }
+}
+
+#[test]
+fn closed_stderr_never_kills_or_hangs_a_crawl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("store");
+    // Debug logging: every observer run writes to the closed stderr.
+    let mut child = command(&data, &["crawl", "--seeds", s.to_str().unwrap()])
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("a crawl with a closed stderr did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    let got = export(&data, &tmp.path().join("out.jsonl"));
+    assert_eq!(got.replace(&site.base(), "http://demo.test/"), want);
+}
+
+#[test]
+fn sigint_during_a_crawl_closes_the_warc_and_the_next_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("store");
+    let warc = tmp.path().join("crawl.warc.gz");
+    let mut child = command(&data, &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out"])
+        .arg(&warc)
+        .env("RUST_LOG", "perc_notify=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut runs = 0;
+    for line in lines.by_ref() {
+        if line.unwrap().contains("observer ran") {
+            runs += 1;
+            if runs == 30 {
+                let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+                assert!(sent.unwrap().success());
+                break;
+            }
+        }
+    }
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "exit status after SIGINT");
+    assert!(
+        rest.iter().any(|l| l.contains("Run the same command again to resume")),
+        "says how to resume: {rest:?}"
+    );
+    // The WARC ends on a record boundary: every record in it reads back.
+    let replayed = tmp.path().join("replayed");
+    let out = common::perc(&replayed, &["replay", warc.to_str().unwrap()]);
+    assert!(out.status.success(), "the WARC reads back whole: {}", stderr_of(&out));
+    // The next run resumes and finishes with the export of an uninterrupted crawl.
+    common::ok(&common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]));
+    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    let got = export(&data, &tmp.path().join("out.jsonl"));
+    assert_eq!(got.replace(&site.base(), "http://demo.test/"), want);
+}
+
+#[test]
+fn warc_out_refuses_an_existing_file_unless_append() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let warc = tmp.path().join("crawl.warc.gz");
+    let w = warc.to_str().unwrap();
+    common::ok(&common::perc(
+        &tmp.path().join("a"),
+        &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", w],
+    ));
+    let first = std::fs::read(&warc).unwrap();
+    let out = common::perc(
+        &tmp.path().join("b"),
+        &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", w],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).contains("--append"), "{}", stderr_of(&out));
+    assert_eq!(std::fs::read(&warc).unwrap(), first, "the first run's records are intact");
+    assert!(!tmp.path().join("b").exists(), "nothing was crawled");
+    common::ok(&common::perc(
+        &tmp.path().join("c"),
+        &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", w, "--append"],
+    ));
+    let both = std::fs::read(&warc).unwrap();
+    assert!(both.len() > first.len() && both.starts_with(&first), "records were appended");
+}
+
+#[test]
+fn seed_list_from_dev_zero_fails_fast_naming_the_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = common::perc(&tmp.path().join("s"), &["crawl", "--seeds", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr_of(&out).contains("/dev/zero line 1: longer than 8192 bytes"),
+        "{}",
+        stderr_of(&out)
+    );
+    let many = tmp.path().join("many.txt");
+    std::fs::write(&many, "http://a.test/1\nhttp://a.test/2\nhttp://a.test/3\n").unwrap();
+    let out = common::perc(
+        &tmp.path().join("s"),
+        &["--set", "crawl.seeds_max=2", "crawl", "--seeds", many.to_str().unwrap()],
+    );
+    assert!(
+        stderr_of(&out).contains("line 3: more than crawl.seeds_max = 2 seeds"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+#[test]
+fn credentials_in_seeds_and_links_are_never_stored_or_exported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let web = tmp.path().join("web");
+    std::fs::create_dir_all(&web).unwrap();
+    std::fs::write(web.join("a.html"), "<title>a</title>").unwrap();
+    std::fs::write(web.join("b.html"), "<title>b</title>").unwrap();
+    let site = Site::start(&web);
+    let b_with_creds = site.url("b.html").replace("http://", "http://bob:hunter2@");
+    std::fs::write(
+        web.join("index.html"),
+        format!("<a href='{b_with_creds}'>b</a><a href='a.html'>a</a>"),
+    )
+    .unwrap();
+    let with_creds = site.base().replace("http://", "http://alice:secret@");
+    let s = seeds(tmp.path(), &[with_creds]);
+    let data = tmp.path().join("store");
+    let out = common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("credentials removed from the seed"), "{}", stderr_of(&out));
+    assert!(!stderr_of(&out).contains("secret"));
+    let got = export(&data, &tmp.path().join("out.jsonl"));
+    assert!(got.contains(&format!("\"url\":\"{}\"", site.base())), "{got}");
+    for secret in ["alice", "secret", "bob", "hunter2"] {
+        assert!(!got.contains(secret), "{secret} in the export: {got}");
+    }
+    let b = common::ok(&common::perc(&data, &["page", &site.url("b.html")]));
+    assert!(b.contains("\"in_degree\":1"), "the link was followed and inverted: {b}");
+}
+
+#[test]
+fn a_link_longer_than_the_limit_is_dropped_and_the_page_keeps_its_other_links() {
+    let tmp = tempfile::tempdir().unwrap();
+    let web = tmp.path().join("web");
+    std::fs::create_dir_all(&web).unwrap();
+    let long = format!("{}.html", "x".repeat(5000));
+    std::fs::write(
+        web.join("index.html"),
+        format!("<a href='a.html'>a</a><a href='{long}'>long</a><a href='b.html'>b</a>"),
+    )
+    .unwrap();
+    std::fs::write(web.join("a.html"), "<title>a</title>").unwrap();
+    std::fs::write(web.join("b.html"), "<title>b</title>").unwrap();
+    let site = Site::start(&web);
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("store");
+    common::ok(&common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]));
+    let got = export(&data, &tmp.path().join("out.jsonl"));
+    assert_eq!(got.lines().count(), 3, "{got}");
+    for page in ["a.html", "b.html"] {
+        let line = common::ok(&common::perc(&data, &["page", &site.url(page)]));
+        assert!(line.contains("\"in_degree\":1"), "{page}: {line}");
+    }
+    let status = common::ok(&common::perc(&data, &["status"]));
+    assert!(!status.contains("parked notifications"), "{status}");
+    assert!(!got.contains(&long));
+}
+
+#[test]
+fn scope_prefixes_are_urls_matched_at_segment_boundaries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = seeds(tmp.path(), &["http://127.0.0.1:1/docs/".to_string()]);
+    let data = tmp.path().join("store");
+    let out = common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap(), "--prefix", "docs/"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr_of(&out).contains("the scope prefix \"docs/\" is not an absolute http(s) URL"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = common::perc(
+        &data,
+        &["crawl", "--seeds", s.to_str().unwrap(), "--prefix", "http://127.0.0.1:1/docs.evil/"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr_of(&out).contains("no seed is inside the scope prefixes"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+#[test]
+fn read_commands_on_a_missing_store_say_so_and_create_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let typo = tmp.path().join("dtaa");
+    for args in [
+        &["status"][..],
+        &["canonical", "http://h.test/"],
+        &["page", "http://h.test/"],
+        &["export", "--out", "-"],
+        &["wait"],
+        &["refetch", "--all"],
+    ] {
+        let out = common::perc(&typo, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            stderr_of(&out).contains(&format!("no perc store at {}", typo.display())),
+            "{args:?}: {}",
+            stderr_of(&out)
+        );
+        assert!(!typo.exists(), "{args:?} created {}", typo.display());
+    }
+}
+
+#[test]
+fn config_values_that_would_hang_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("store");
+    let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
+    for (set, want) in [
+        ("txn.oracle_block=0", "txn.oracle_block = 0 is out of range"),
+        ("store.cache_bytes=0", "store.cache_bytes = 0 is out of range"),
+        ("workers.scan_batch=0", "workers.scan_batch = 0 is out of range"),
+        ("workers.scanners=0", "workers.scanners = 0 leaves nobody to run the observers"),
+    ] {
+        let out = finish_within(
+            command(&data, &["--set", set, "replay", warc.to_str().unwrap()]).stdin(Stdio::null()),
+            &tmp.path().join("cfg"),
+            Duration::from_secs(30),
+            set,
+        );
+        assert!(!out.0, "{set} was accepted");
+        assert!(out.1.contains(want), "{set}: {}", out.1);
+    }
+    let out = command(&data, &["status"]).env("PERC_CRAWL_MAX_DEPHT", "3").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).contains("did you mean \"CRAWL_MAX_DEPTH\""), "{}", stderr_of(&out));
+}
