@@ -6,8 +6,8 @@
 //!   [`Source`] it is handed (robots.txt and politeness live there).
 //! - Notifies: parse, through `crawl:raw`.
 //! - Twice is harmless: it fetches the page again and writes what it got; parse and all after
-//!   it change nothing when nothing changed. A deferral (robots.txt unavailable) is a failure
-//!   the framework retries with backoff.
+//!   it change nothing when nothing changed. A host whose robots.txt stays unreachable is
+//!   given up by the source, and its URLs are recorded with that reason.
 
 use std::sync::Arc;
 
@@ -51,9 +51,6 @@ impl Observer for Fetch {
             Fetched::Disallowed => {
                 head.error = Some("disallowed by robots.txt".into());
                 Bytes::new()
-            }
-            Fetched::Deferred(why) => {
-                return Err(ObserverError::Failed(format!("deferred: {why}")))
             }
         };
         txn.set(row.clone(), Bytes::from_static(col::RAW), model::encode_raw(&head, &body));

@@ -168,6 +168,96 @@ pub async fn page_count(client: &Client) -> Result<usize, TxnError> {
     Ok(t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len())
 }
 
+/// What the index holds, each number saying what it counts (`perc status`, the crawl's
+/// summary), read in one snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Pages in the export.
+    pub pages: usize,
+    /// Duplicate clusters of two or more pages.
+    pub duplicate_clusters: usize,
+    /// URLs fetched or loaded (pages or not).
+    pub fetched: usize,
+    /// URLs in the frontier that have not been fetched yet.
+    pub waiting: usize,
+    /// URLs fetched or loaded that are not pages, by why not (redirects included).
+    pub not_pages: std::collections::BTreeMap<String, usize>,
+    /// Of the URLs asked about ([`report`]'s `seeds`), how many got a response.
+    pub seeds_answered: usize,
+}
+
+/// The index's [`Report`]; `seeds` are the URLs whose answers it checks (a crawl's seeds).
+pub async fn report(client: &Client, seeds: &[Url]) -> Result<Report, TxnError> {
+    let t = client.begin().await?;
+    let mut r =
+        Report { pages: t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len(), ..Report::default() };
+    let members = t.scan(b"c:", b"c;", col::MEMBER).await?;
+    let mut last: Option<&[u8]> = None;
+    let mut size = 0;
+    for (row, _) in &members {
+        let hash = row.split(|b| *b == 0).next().unwrap_or(row);
+        if last != Some(hash) {
+            last = Some(hash);
+            size = 0;
+        }
+        size += 1;
+        if size == 2 {
+            r.duplicate_clusters += 1;
+        }
+    }
+    let metas = t.scan(b"p:", b"p;", col::META).await?;
+    let mut answered = std::collections::BTreeSet::new();
+    for (row, raw) in &metas {
+        let meta: Meta = serde_json::from_slice(raw)
+            .map_err(|e| TxnError::Corrupt(format!("page meta: {e}")))?;
+        if meta.status.is_some() {
+            answered.insert(row.clone());
+        }
+        if meta.kind != "page" {
+            *r.not_pages.entry(reason_class(&meta)).or_default() += 1;
+        }
+    }
+    r.fetched = metas.len();
+    let fetched: std::collections::BTreeSet<&Bytes> = metas.iter().map(|(row, _)| row).collect();
+    r.waiting = t
+        .scan(b"p:", b"p;", col::WANT)
+        .await?
+        .iter()
+        .filter(|(row, _)| !fetched.contains(row))
+        .count();
+    r.seeds_answered = seeds.iter().filter(|s| answered.contains(&model::page(s.as_str()))).count();
+    Ok(r)
+}
+
+/// Why a URL is not a page, as a label that groups alike reasons (no URLs in it).
+fn reason_class(meta: &Meta) -> String {
+    let reason = meta.reason.as_str();
+    if meta.kind == "redirect" {
+        return "redirect".into();
+    }
+    for (starts, label) in [
+        ("robots.txt unreachable", "robots.txt unreachable (host given up)"),
+        ("disallowed by robots.txt", "disallowed by robots.txt"),
+        ("cannot connect to", "host unreachable"),
+        ("timed out", "timed out"),
+        ("body exceeds", "body over crawl.body_bytes_max"),
+        ("not fetched: this run reached crawl.max_pages", "over crawl.max_pages"),
+        ("not fetched: this run only replays", "not in the replayed WARCs"),
+        ("not HTML", "not HTML"),
+    ] {
+        if reason.starts_with(starts) {
+            return label.into();
+        }
+    }
+    if let Some(rest) = reason.strip_prefix("HTTP ") {
+        let code: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if !code.is_empty() && !rest[code.len()..].starts_with(" redirect") {
+            return format!("HTTP {code}");
+        }
+    }
+    reason.chars().take(60).collect()
+}
+
 /// The export snapshot: every page's line, in URL order.
 pub async fn export(client: &Client) -> Result<Vec<ExportLine>, TxnError> {
     let mut out = Vec::new();

@@ -144,7 +144,7 @@ pub fn run(scale: f64) -> Result<()> {
             HttpFetcher::new(limits).map_err(|e| anyhow::anyhow!("{e}"))?,
             PolitenessConfig::default(),
         ));
-        let robots = RobotsCache::new(polite.clone(), "perc", 3_600_000, 1_000);
+        let robots = RobotsCache::new(polite.clone(), "perc", 3_600_000, 1_000, 3);
         let s = setup(Arc::new(Crawler::new(polite, robots))).await?;
         let seeds: Vec<Url> =
             (0..n).step_by(97).map(|i| base.join(&format!("p/{i}.html")).unwrap()).collect();

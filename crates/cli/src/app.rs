@@ -130,8 +130,13 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
         None => Arc::new(http),
     };
     let polite = Arc::new(Polite::new(fetcher, politeness));
-    let robots =
-        RobotsCache::new(polite.clone(), c.user_agent.clone(), c.robots_ttl_ms, c.robots_retry_ms);
+    let robots = RobotsCache::new(
+        polite.clone(),
+        c.user_agent.clone(),
+        c.robots_ttl_ms,
+        c.robots_retry_ms,
+        c.robots_attempts,
+    );
     let crawler: Arc<dyn Source> = Arc::new(Crawler::new(polite, robots));
     if c.max_pages == 0 {
         return Ok(crawler);

@@ -75,6 +75,7 @@ pub struct Crawl {
     pub delay_cap_ms: u64,
     pub robots_ttl_ms: u64,
     pub robots_retry_ms: u64,
+    pub robots_attempts: u32,
     pub prefixes: Vec<String>,
     pub seeds_max: u64,
 }
@@ -184,7 +185,8 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("crawl.host_delay_ms", 0, i64::MAX),
     ("crawl.delay_cap_ms", 0, i64::MAX),
     ("crawl.robots_ttl_ms", 1, i64::MAX),
-    ("crawl.robots_retry_ms", 1, i64::MAX),
+    ("crawl.robots_retry_ms", 0, i64::MAX),
+    ("crawl.robots_attempts", 1, 100),
     ("crawl.seeds_max", 1, i64::MAX),
     ("workers.scanners", 0, 1024),
     ("workers.concurrency", 1, 100_000),

@@ -446,14 +446,24 @@ async fn crawl(
 ) -> Result<ExitCode> {
     perc_observers::seed(&app.client, seeds, scope).await?;
     let s = app.run_until_quiet("crawl", stop).await?;
+    let r = perc_observers::report(&app.client, seeds).await?;
     out!(
-        "crawled {} URLs in {:.1}s ({:.1} pages/s); {} pages indexed; {} observer failures",
-        s.fetched,
+        "crawl done in {:.1}s: {} URLs fetched this run ({:.1}/s); {} pages indexed",
         s.seconds,
+        s.fetched,
         s.fetched as f64 / s.seconds.max(0.001),
-        perc_observers::page_count(&app.client).await?,
-        s.failures
+        r.pages
     );
+    if !r.not_pages.is_empty() {
+        out!("not pages: {}", by_reason(&r.not_pages));
+    }
+    if s.failures > 0 {
+        say!("{} observer runs failed (perc status lists what is parked)", s.failures);
+    }
+    if r.seeds_answered == 0 {
+        say!("no seed could be fetched (perc page SEED says why)");
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -539,16 +549,26 @@ async fn write_export(app: &App, out: &Path) -> Result<usize> {
     Ok(n)
 }
 
+/// The "not pages" line: each reason with its count, most frequent first.
+fn by_reason(not_pages: &std::collections::BTreeMap<String, usize>) -> String {
+    let mut all: Vec<(&String, &usize)> = not_pages.iter().collect();
+    all.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    all.iter().map(|(why, n)| format!("{n} {why}")).collect::<Vec<_>>().join(", ")
+}
+
 async fn status(app: &App) -> Result<()> {
-    let t = app.client.begin().await?;
-    let pages = t.scan(b"p:", b"p;", perc_observers::model::col::EXPORT_LINE).await?.len();
-    let clusters = t.scan(b"c:", b"c;", perc_observers::model::col::CLUSTER_CANONICAL).await?.len();
-    let frontier = t.scan(b"p:", b"p;", perc_observers::model::col::WANT).await?.len();
+    let r = perc_observers::report(&app.client, &[]).await?;
     let pending = app.engine.pending_count(1_000_000).await?;
-    out!("pages indexed:          {pages}");
-    out!("duplicate clusters:     {clusters}");
-    out!("URLs in the frontier:   {frontier}");
-    out!("pending notifications:  {pending}");
+    let not_pages: usize = r.not_pages.values().sum();
+    out!("pages indexed:                 {}", r.pages);
+    out!("duplicate clusters (2+ pages): {}", r.duplicate_clusters);
+    out!("URLs fetched or loaded:        {}", r.fetched);
+    if not_pages > 0 {
+        out!("  not pages:                   {not_pages} ({})", by_reason(&r.not_pages));
+    }
+    out!("URLs waiting to be fetched:    {}", r.waiting);
+    out!("pending notifications:         {pending}");
+    let t = app.client.begin().await?;
     let stats = perc_cli::app::decode_stats(
         t.get(perc_cli::app::STATS_ROW, perc_cli::app::STATS_COLUMN).await?,
     )?;

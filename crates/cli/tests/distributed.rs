@@ -204,7 +204,7 @@ fn three_workers_on_bigtable_replay_to_the_embedded_export() {
     cluster.run(&["wait"]);
     assert_eq!(&export(&cluster, tmp.path()), expected);
     let status = cluster.run(&["status"]);
-    assert!(status.contains("pending notifications:  0"), "{status}");
+    assert!(status.contains("pending notifications:         0"), "{status}");
 }
 
 #[test]

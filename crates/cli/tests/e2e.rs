@@ -88,7 +88,7 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
     let page = ok(&perc(&crawl_data, &["page", &site.url("blog/post1.html")]));
     assert!(page.contains("\"noindex\":true"), "{page}");
     let status = ok(&perc(&crawl_data, &["status"]));
-    assert!(status.contains("pending notifications:  0"), "{status}");
+    assert!(status.contains("pending notifications:         0"), "{status}");
 }
 
 #[test]
@@ -253,7 +253,7 @@ fn max_pages_bounds_a_crawl_and_says_why() {
     assert!(pages.lines().count() <= 3, "{pages}");
     assert!(pages.lines().count() >= 1, "the seed was fetched");
     let status = ok(&perc(&data, &["status"]));
-    assert!(status.contains("pending notifications:  0"), "{status}");
+    assert!(status.contains("pending notifications:         0"), "{status}");
     // URLs over the budget say so (which ones depends on scheduling; most of them do).
     let paths = [
         "about.html",

@@ -429,3 +429,32 @@ fn config_values_that_would_hang_are_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr_of(&out).contains("did you mean \"CRAWL_MAX_DEPTH\""), "{}", stderr_of(&out));
 }
+
+#[test]
+fn unreachable_seeds_are_given_up_with_a_reason_and_the_crawl_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Port 1 of 127.0.0.1: nothing listens there, so every connection is refused.
+    let dead = "http://127.0.0.1:1/".to_string();
+    let s = seeds(tmp.path(), std::slice::from_ref(&dead));
+    let data = tmp.path().join("store");
+    let mut run = command(&data, &["crawl", "--seeds", s.to_str().unwrap()]);
+    let (ok, stderr) =
+        finish_within(&mut run, &tmp.path().join("dead"), Duration::from_secs(60), "the crawl");
+    assert!(!ok, "a crawl that fetched no seed fails");
+    assert!(stderr.contains("no seed could be fetched"), "{stderr}");
+    let page = common::ok(&common::perc(&data, &["page", &dead]));
+    assert!(page.contains("robots.txt unreachable"), "{page}");
+    assert!(page.contains("given up"), "{page}");
+    let status = common::ok(&common::perc(&data, &["status"]));
+    assert!(status.contains("URLs waiting to be fetched:    0"), "{status}");
+    assert!(status.contains("1 robots.txt unreachable (host given up)"), "{status}");
+
+    // With a seed that answers too, the crawl succeeds and its summary names the failure.
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base(), dead]);
+    let out = common::ok(&common::perc(
+        &tmp.path().join("both"),
+        &["crawl", "--seeds", s.to_str().unwrap()],
+    ));
+    assert!(out.contains("robots.txt unreachable (host given up)"), "{out}");
+}

@@ -17,8 +17,6 @@ pub enum Fetched {
     Failed(String),
     /// robots.txt forbids it (recorded on the page).
     Disallowed,
-    /// Not now (robots.txt unavailable): try again later.
-    Deferred(String),
 }
 
 #[async_trait]
@@ -50,7 +48,12 @@ impl<F: Fetcher> Source for Crawler<F> {
     async fn get(&self, url: &Url) -> Fetched {
         match self.robots.check(url).await {
             Verdict::Disallowed => return Fetched::Disallowed,
-            Verdict::Deferred(why) => return Fetched::Deferred(why),
+            Verdict::Unreachable(why) => {
+                return Fetched::Failed(format!(
+                    "robots.txt unreachable: {why}; the host is given up (RFC 9309: complete \
+                     disallow)"
+                ))
+            }
             Verdict::Allowed { crawl_delay_ms } => {
                 if let Some(ms) = crawl_delay_ms {
                     self.fetcher.set_host_delay(url, ms).await;
