@@ -218,12 +218,13 @@ impl App {
             None
         };
         let mut interrupted = false;
+        let mut failed = None;
         {
             let wait = workers.wait();
             tokio::pin!(wait);
             loop {
                 tokio::select! {
-                    r = &mut wait => { r?; break; }
+                    r = &mut wait => { failed = r.err(); break; }
                     _ = stop.cancelled() => { interrupted = true; break; }
                     _ = tokio::time::sleep(Duration::from_millis(250)) => {
                         if let Some(b) = &bar {
@@ -241,6 +242,9 @@ impl App {
         }
         tracing::debug!(interrupted, "workers stopping");
         workers.shutdown().await;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
         let summary = summarize(&self.engine.stats());
         self.save_stats().await?;
         if interrupted {

@@ -136,7 +136,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            // sled's own error lines repeat what reaches perc as an error value.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,sled=off".into()),
         )
         .with_writer(std::io::stderr)
         // A log line that cannot be written (stderr closed) is dropped; reporting that on
@@ -287,7 +289,34 @@ macro_rules! existing {
 
 async fn run(cli: Cli, stop: CancellationToken) -> Result<ExitCode> {
     let config = load_config(&cli)?;
-    match cli.command {
+    let where_ = match config.store.backend {
+        config::Backend::Sled => format!("the store at {}", config.store.data),
+        config::Backend::Bigtable => format!("the Bigtable table {}", config.bigtable.table),
+    };
+    dispatch(cli.command, config, stop).await.map_err(|e| {
+        // A full disk is the user's to fix: say where, once, and that nothing is lost.
+        if e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<perc_store::StoreError>(),
+                Some(perc_store::StoreError::OutOfSpace { .. })
+            ) || c.downcast_ref::<perc_txn::TxnError>().is_some_and(|t| t.out_of_space().is_some())
+        }) {
+            anyhow!(
+                "no space left on device writing {where_}; what was stored before is intact: \
+                 free some space and run the same command again"
+            )
+        } else {
+            e
+        }
+    })
+}
+
+async fn dispatch(
+    command: Command,
+    config: config::Config,
+    stop: CancellationToken,
+) -> Result<ExitCode> {
+    match command {
         Command::Crawl { seeds, prefixes, warc_out, append } => {
             let seeds = read_seeds(&seeds, config.crawl.seeds_max)?;
             let scope = crawl_scope(&config, &seeds, &prefixes)?;

@@ -458,3 +458,68 @@ fn unreachable_seeds_are_given_up_with_a_reason_and_the_crawl_ends() {
     ));
     assert!(out.contains("robots.txt unreachable (host given up)"), "{out}");
 }
+
+/// The store on a full filesystem: a tmpfs of 600 KiB mounted in a mount namespace of the
+/// test's own (`unshare`, as root or in a user namespace), so no privilege outlives it.
+#[test]
+fn disk_full_stops_the_crawl_with_one_clear_error_and_resumes_when_space_is_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let script = r#"
+        set -u
+        mount -t tmpfs -o size=600k tmpfs "$MNT" || exit 90
+        perc() { "$PERC" --config "$CONFIG" --data "$MNT/store" "$@"; }
+        timeout 30 "$PERC" --config "$CONFIG" --data "$MNT/store" crawl --seeds "$SEEDS" \
+            > "$OUT/full.out" 2> "$OUT/full.err"
+        echo $? > "$OUT/full.rc"
+        mount -o remount,size=64m tmpfs "$MNT" || exit 91
+        perc crawl --seeds "$SEEDS" > "$OUT/again.out" 2> "$OUT/again.err"
+        echo $? > "$OUT/again.rc"
+        perc export --out "$OUT/export.jsonl" > /dev/null
+    "#;
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let mut unshare = Command::new("unshare");
+    if !is_root {
+        unshare.args(["--user", "--map-root-user"]);
+    }
+    unshare
+        .args(["--mount", "sh", "-c", script])
+        .env("MNT", &mnt)
+        .env("OUT", tmp.path())
+        .env("PERC", common::PERC)
+        .env("CONFIG", root().join("config/test.toml"))
+        .env("SEEDS", &s)
+        .env_remove("RUST_LOG");
+    let (ok, stderr) = finish_within(
+        &mut unshare,
+        &tmp.path().join("unshare"),
+        Duration::from_secs(120),
+        "the script",
+    );
+    assert!(ok, "the script (mounting a tmpfs in a mount namespace of its own) failed: {stderr}");
+    let read = |f: &str| std::fs::read_to_string(tmp.path().join(f)).unwrap();
+    let full_rc: i32 = read("full.rc").trim().parse().unwrap();
+    let full_err = read("full.err");
+    assert_ne!(full_rc, 124, "the crawl on a full disk did not stop within 30 s: {full_err}");
+    assert_eq!(full_rc, 2, "{full_err}");
+    let errors: Vec<&str> = full_err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(
+        errors,
+        [format!(
+            "error: no space left on device writing the store at {}/store; what was stored \
+             before is intact: free some space and run the same command again",
+            mnt.display()
+        )],
+        "one clear error: {full_err}"
+    );
+    assert!(full_err.lines().count() < 20, "no flood of errors: {full_err}");
+    assert_eq!(read("again.rc").trim(), "0", "{}", read("again.err"));
+    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    assert_eq!(read("export.jsonl").replace(&site.base(), "http://demo.test/"), want);
+}

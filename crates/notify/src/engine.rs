@@ -179,6 +179,9 @@ pub struct Engine {
     pub(crate) lease_refused: AtomicU64,
     /// Signalled whenever a run finishes.
     pub(crate) progress: tokio::sync::Notify,
+    /// The first error that no retry can fix (the store's device is full): once set, the
+    /// workers' `wait` returns it instead of waiting for work that cannot be done.
+    fatal: Mutex<Option<perc_store::StoreError>>,
 }
 
 fn notify_delete(p: &Pending) -> RowMutation {
@@ -232,7 +235,26 @@ impl Engine {
             started: AtomicU64::new(0),
             lease_refused: AtomicU64::new(0),
             progress: tokio::sync::Notify::new(),
+            fatal: Mutex::new(None),
         }
+    }
+
+    /// Remembers `e` if it is fatal to the run (see [`Self::fatal`]).
+    pub fn note(&self, e: &TxnError) {
+        if let Some(se) = e.out_of_space() {
+            let mut fatal = self.fatal.lock().unwrap_or_else(|e| e.into_inner());
+            if fatal.is_none() {
+                tracing::error!(error = %se, "stopping: the store cannot be written");
+                *fatal = Some(se.clone());
+            }
+            self.progress.notify_waiters();
+        }
+    }
+
+    /// The error that stopped this engine's runs, if one did.
+    pub fn fatal(&self) -> Option<TxnError> {
+        let fatal = self.fatal.lock().unwrap_or_else(|e| e.into_inner());
+        fatal.clone().map(TxnError::Store)
     }
 
     pub fn client(&self) -> &Client {
@@ -341,6 +363,13 @@ impl Engine {
                 }
                 Err(e) => {
                     counters.failures.fetch_add(1, Ordering::Relaxed);
+                    if let ObserverError::Txn(txn) = &e {
+                        self.note(txn);
+                        if self.fatal().is_some() {
+                            // Not the observer's failure: it stays pending, unparked.
+                            return Err(e.into_txn());
+                        }
+                    }
                     tracing::warn!(observer = %reg.name, row = %p.row.escape_ascii(), error = %e, "observer run failed");
                     return self.failed(reg, p, e.to_string(), counters).await;
                 }
@@ -518,6 +547,9 @@ impl Engine {
     /// Runs one notification with the in-flight bookkeeping that quiescence relies on.
     pub(crate) async fn process_tracked(&self, p: &Pending) -> Result<RunOutcome, TxnError> {
         let out = self.process(p).await;
+        if let Err(e) = &out {
+            self.note(e);
+        }
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.progress.notify_waiters();
         out

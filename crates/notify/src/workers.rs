@@ -103,9 +103,19 @@ impl Workers {
         let engine = &self.shared.engine;
         loop {
             let progress = engine.progress.notified();
+            if let Some(e) = engine.fatal() {
+                return Err(e);
+            }
             let started = engine.started.load(Ordering::SeqCst);
+            let pending = match engine.has_pending().await {
+                Ok(p) => p,
+                Err(e) => {
+                    engine.note(&e);
+                    return Err(e);
+                }
+            };
             if engine.in_flight.load(Ordering::SeqCst) == 0
-                && !engine.has_pending().await?
+                && !pending
                 && engine.in_flight.load(Ordering::SeqCst) == 0
                 && engine.started.load(Ordering::SeqCst) == started
             {
@@ -157,11 +167,12 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     // Whether this round, or the last, found strong notifications: work upstream of the weak
     // ones, which then wait longer (up to four windows) so they run after it.
     let (mut strong_now, mut strong_last) = (false, false);
-    while !shared.stop.is_cancelled() {
+    while !shared.stop.is_cancelled() && engine.fatal().is_none() {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
             Ok(b) => b,
             Err(e) => {
+                engine.note(&e);
                 tracing::warn!(error = %e, "notification scan failed");
                 engine.client().clock().sleep_ms(config.idle_ms).await;
                 continue;
@@ -218,7 +229,9 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             let engine = engine.clone();
             shared.handle.spawn(async move {
                 if let Err(e) = engine.process_tracked(&p).await {
-                    tracing::warn!(error = %e, row = %p.row.escape_ascii(), "notification processing failed");
+                    if engine.fatal().is_none() {
+                        tracing::warn!(error = %e, row = %p.row.escape_ascii(), "notification processing failed");
+                    }
                 }
                 drop(permit);
             });
@@ -275,7 +288,10 @@ async fn heartbeat(shared: Arc<Shared>) {
     let every = (client.config().liveness_ttl_ms / 3).max(1);
     while !shared.stop.is_cancelled() {
         if let Err(e) = client.heartbeat().await {
-            tracing::warn!(error = %e, "heartbeat failed");
+            shared.engine.note(&e);
+            if shared.engine.fatal().is_none() {
+                tracing::warn!(error = %e, "heartbeat failed");
+            }
         }
         tokio::select! {
             _ = shared.stop.cancelled() => {}
@@ -294,7 +310,10 @@ async fn collector(shared: Arc<Shared>) {
         }
         match gc::collect(engine.client(), engine.config().scan_batch).await {
             Ok(r) => tracing::debug!(?r, "garbage collection pass"),
-            Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
+            Err(e) => {
+                engine.note(&e);
+                tracing::warn!(error = %e, "garbage collection failed");
+            }
         }
     }
 }

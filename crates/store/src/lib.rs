@@ -276,7 +276,7 @@ pub const VALUE_BYTES_MAX: usize = 100 * 1024 * 1024;
 
 /// What can go wrong in the store. Every variant is a failure of the operation: the store has
 /// no "expected" outcomes other than a `false` from `check_and_mutate`.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("unknown column family {family:?}: it is not declared in the schema")]
     UnknownFamily { family: String },
@@ -291,6 +291,10 @@ pub enum StoreError {
     Corrupt { backend: &'static str, detail: String },
     #[error("{backend} store I/O failed: {detail}")]
     Io { backend: &'static str, detail: String },
+    /// The device holding the store is full: nothing more can be written until space is
+    /// freed. What was written before is intact.
+    #[error("no space left on device writing the {backend} store ({detail})")]
+    OutOfSpace { backend: &'static str, detail: String },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -79,8 +79,18 @@ fn io(e: sled::Error) -> StoreError {
         sled::Error::Corruption { .. } => {
             StoreError::Corrupt { backend: "sled", detail: e.to_string() }
         }
+        sled::Error::Io(ref inner) if is_out_of_space(inner) => {
+            StoreError::OutOfSpace { backend: "sled", detail: e.to_string() }
+        }
         other => StoreError::Io { backend: "sled", detail: other.to_string() },
     }
+}
+
+/// ENOSPC (and EDQUOT, a quota that is full), however sled wrapped it.
+fn is_out_of_space(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
+        || matches!(e.raw_os_error(), Some(28) | Some(122))
+        || e.to_string().contains("No space left on device")
 }
 
 impl SledStore {

@@ -55,6 +55,16 @@ pub enum TxnError {
 }
 
 impl TxnError {
+    /// The store's device is full (directly, or under the oracle): no retry helps until
+    /// space is freed, so whoever meets it stops the run.
+    pub fn out_of_space(&self) -> Option<&StoreError> {
+        match self {
+            TxnError::Store(e @ StoreError::OutOfSpace { .. })
+            | TxnError::Oracle(OracleError::Store(e @ StoreError::OutOfSpace { .. })) => Some(e),
+            _ => None,
+        }
+    }
+
     /// True for the outcomes of concurrency: retrying in a new transaction may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(
