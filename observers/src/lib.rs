@@ -178,6 +178,9 @@ pub struct Report {
     pub duplicate_clusters: usize,
     /// URLs fetched or loaded (pages or not).
     pub fetched: usize,
+    /// Of those, the ones that got an HTTP response (not refused by robots.txt, unreachable,
+    /// timed out or over a budget).
+    pub answered: usize,
     /// URLs in the frontier that have not been fetched yet.
     pub waiting: usize,
     /// URLs fetched or loaded that are not pages, by why not (redirects included).
@@ -218,6 +221,7 @@ pub async fn report(client: &Client, seeds: &[Url]) -> Result<Report, TxnError> 
         }
     }
     r.fetched = metas.len();
+    r.answered = answered.len();
     let fetched: std::collections::BTreeSet<&Bytes> = metas.iter().map(|(row, _)| row).collect();
     r.waiting = t
         .scan(b"p:", b"p;", col::WANT)

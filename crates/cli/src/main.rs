@@ -477,10 +477,12 @@ async fn crawl(
     let s = app.run_until_quiet("crawl", stop).await?;
     let r = perc_observers::report(&app.client, seeds).await?;
     out!(
-        "crawl done in {:.1}s: {} URLs fetched this run ({:.1}/s); {} pages indexed",
+        "crawl done in {:.1}s: {} URLs tried this run ({:.1}/s); in the index, {} URLs \
+         answered and {} pages indexed",
         s.seconds,
         s.fetched,
         s.fetched as f64 / s.seconds.max(0.001),
+        r.answered,
         r.pages
     );
     if !r.not_pages.is_empty() {
@@ -591,7 +593,7 @@ async fn status(app: &App) -> Result<()> {
     let not_pages: usize = r.not_pages.values().sum();
     out!("pages indexed:                 {}", r.pages);
     out!("duplicate clusters (2+ pages): {}", r.duplicate_clusters);
-    out!("URLs fetched or loaded:        {}", r.fetched);
+    out!("URLs fetched or loaded:        {} ({} answered)", r.fetched, r.answered);
     if not_pages > 0 {
         out!("  not pages:                   {not_pages} ({})", by_reason(&r.not_pages));
     }

@@ -523,3 +523,25 @@ fn disk_full_stops_the_crawl_with_one_clear_error_and_resumes_when_space_is_back
     let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
     assert_eq!(read("export.jsonl").replace(&site.base(), "http://demo.test/"), want);
 }
+
+#[test]
+fn status_and_the_crawl_summary_count_what_they_say() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("store");
+    let out = common::ok(&common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]));
+    // 14 URLs: 11 pages, a 404, a redirect, and one robots.txt refuses (never asked for).
+    assert!(out.contains("in the index, 13 URLs answered and 11 pages indexed"), "{out}");
+    assert!(out.contains("not pages: 1 HTTP 404, 1 disallowed by robots.txt, 1 redirect"), "{out}");
+    let status = common::ok(&common::perc(&data, &["status"]));
+    for line in [
+        "pages indexed:                 11",
+        // Two clusters of two or more; the singletons are not "duplicate clusters".
+        "duplicate clusters (2+ pages): 2",
+        "URLs fetched or loaded:        14 (13 answered)",
+        "URLs waiting to be fetched:    0",
+    ] {
+        assert!(status.contains(line), "{line:?} in:\n{status}");
+    }
+}
