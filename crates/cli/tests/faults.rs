@@ -545,3 +545,34 @@ fn status_and_the_crawl_summary_count_what_they_say() {
         assert!(status.contains(line), "{line:?} in:\n{status}");
     }
 }
+
+#[test]
+fn sigterm_during_a_replay_stops_cleanly_and_the_next_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
+    let data = tmp.path().join("store");
+    let mut child = command(&data, &["replay", warc.to_str().unwrap()])
+        .env("RUST_LOG", "perc_notify=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut runs = 0;
+    for line in lines.by_ref() {
+        if line.unwrap().contains("observer ran") {
+            runs += 1;
+            if runs == 20 {
+                let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+                assert!(sent.unwrap().success());
+                break;
+            }
+        }
+    }
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert!(rest.iter().any(|l| l.contains("Run the same command again to resume")), "{rest:?}");
+    common::ok(&common::perc(&data, &["replay", warc.to_str().unwrap()]));
+    let want = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
+    assert_eq!(export(&data, &tmp.path().join("out.jsonl")), want);
+}
