@@ -361,14 +361,15 @@ impl Engine {
                     attempt += 1;
                     self.client.clock().sleep_ms(pause).await;
                 }
-                Err(e) => {
+                Err(mut e) => {
                     counters.failures.fetch_add(1, Ordering::Relaxed);
-                    if let ObserverError::Txn(txn) = &e {
-                        self.note(txn);
+                    if let ObserverError::Txn(txn) = e {
+                        self.note(&txn);
                         if self.fatal().is_some() {
                             // Not the observer's failure: it stays pending, unparked.
-                            return Err(e.into_txn());
+                            return Err(txn);
                         }
+                        e = ObserverError::Txn(txn);
                     }
                     tracing::warn!(observer = %reg.name, row = %p.row.escape_ascii(), error = %e, "observer run failed");
                     return self.failed(reg, p, e.to_string(), counters).await;

@@ -35,17 +35,6 @@ pub enum ObserverError {
     Failed(String),
 }
 
-impl ObserverError {
-    /// As a transaction error (an observer's own failure becomes a corrupt-record error only
-    /// where a caller needs one type; the engine keeps the two apart).
-    pub fn into_txn(self) -> TxnError {
-        match self {
-            ObserverError::Txn(e) => e,
-            ObserverError::Failed(why) => TxnError::Corrupt(why),
-        }
-    }
-}
-
 #[async_trait]
 pub trait Observer: Send + Sync + 'static {
     /// Handles a change of `column` in `row`, reading and writing through `txn`.
