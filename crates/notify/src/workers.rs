@@ -107,19 +107,21 @@ impl Workers {
                 return Err(e);
             }
             let started = engine.started.load(Ordering::SeqCst);
-            let pending = match engine.has_pending().await {
-                Ok(p) => p,
-                Err(e) => {
-                    engine.note(&e);
-                    return Err(e);
+            // The scan only when nothing runs: a run in flight means not quiet yet.
+            if engine.in_flight.load(Ordering::SeqCst) == 0 {
+                let pending = match engine.has_pending().await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        engine.note(&e);
+                        return Err(e);
+                    }
+                };
+                if !pending
+                    && engine.in_flight.load(Ordering::SeqCst) == 0
+                    && engine.started.load(Ordering::SeqCst) == started
+                {
+                    return Ok(());
                 }
-            };
-            if engine.in_flight.load(Ordering::SeqCst) == 0
-                && !pending
-                && engine.in_flight.load(Ordering::SeqCst) == 0
-                && engine.started.load(Ordering::SeqCst) == started
-            {
-                return Ok(());
             }
             self.kick();
             let idle = engine.config().idle_ms;
