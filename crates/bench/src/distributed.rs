@@ -76,7 +76,7 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     let mut engines = Vec::new();
     for _ in 0..workers {
         let oracle: Arc<dyn Oracle> = Arc::new(connect().await?);
-        let registry = Arc::new(perc_observers::registry(Arc::new(crate::pipeline::Offline))?);
+        let registry = Arc::new(perc_observers::registry(Arc::new(perc_crawl::Offline))?);
         let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
         let client =
             client_for(shared.clone(), oracle, clock.clone(), relaxed, registry.clone()).await?;
@@ -92,7 +92,7 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
         engines.push(engine);
     }
     let oracle: Arc<dyn Oracle> = Arc::new(connect().await?);
-    let registry = Arc::new(perc_observers::registry(Arc::new(crate::pipeline::Offline))?);
+    let registry = Arc::new(perc_observers::registry(Arc::new(perc_crawl::Offline))?);
     let loader =
         client_for(shared.clone(), oracle, clock.clone(), TxnConfig::default(), registry).await?;
     let before = store.counts();

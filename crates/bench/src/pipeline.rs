@@ -48,15 +48,6 @@ async fn setup(source: Arc<dyn Source>) -> Result<Setup> {
     Ok(Setup { _dir: dir, store, engine: Arc::new(Engine::new(ec, registry, config)), client })
 }
 
-pub struct Offline;
-
-#[async_trait::async_trait]
-impl Source for Offline {
-    async fn get(&self, _: &Url) -> perc_crawl::Fetched {
-        perc_crawl::Fetched::Failed("offline".into())
-    }
-}
-
 async fn quiesce(s: &Setup) -> Result<()> {
     let workers = Workers::start(s.engine.clone(), &tokio::runtime::Handle::current());
     workers.wait().await?;
@@ -106,7 +97,7 @@ pub fn run(scale: f64) -> Result<()> {
         );
 
         // Replay: load every response, run the pipeline to quiescence.
-        let s = setup(Arc::new(Offline)).await?;
+        let s = setup(Arc::new(perc_crawl::Offline)).await?;
         let recorded: Vec<Recorded> =
             web.responses().map(|(url, response)| Recorded { url, response }).collect();
         let before = s.store.counts();

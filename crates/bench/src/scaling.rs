@@ -71,7 +71,7 @@ async fn measure(pages: usize) -> Result<Figures> {
     let shared: Arc<dyn Store> = store.clone();
     let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(shared.clone(), 1_000_000).await?);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = Arc::new(perc_observers::registry(Arc::new(crate::pipeline::Offline))?);
+    let registry = Arc::new(perc_observers::registry(Arc::new(perc_crawl::Offline))?);
     let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
     let ec = client_for(shared.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
         .await?;

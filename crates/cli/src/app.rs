@@ -3,23 +3,20 @@
 
 use std::io::IsTerminal;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use async_trait::async_trait;
 use bytes::Bytes;
 use perc_crawl::warc::Recorder;
 use perc_crawl::{
-    Crawler, FetchError, FetchLimits, Fetched, Fetcher, HttpFetcher, Polite, PolitenessConfig,
-    Response, RobotsCache, Source,
+    Budget, Crawler, FetchLimits, Fetcher, HttpFetcher, Offline, Polite, PolitenessConfig,
+    Recording, RobotsCache, Source,
 };
 use perc_notify::{client_for, Engine, ObserverStats, RowLease, StoreLease, Workers};
 use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
 use perc_store::{SledOptions, SledStore, Store};
 use perc_txn::{Client, Clock, SystemClock, TxnConfig};
-use url::Url;
-
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, Config};
@@ -52,60 +49,6 @@ pub enum Fetching {
     Offline,
 }
 
-struct Offline;
-
-#[async_trait]
-impl Source for Offline {
-    async fn get(&self, _url: &Url) -> Fetched {
-        Fetched::Failed("not fetched: this run only replays recorded responses".into())
-    }
-}
-
-/// A source with a budget: after `max` fetches in this run, the rest are recorded as not
-/// fetched.
-struct Budget {
-    inner: Arc<dyn Source>,
-    left: std::sync::atomic::AtomicU64,
-    max: u64,
-}
-
-#[async_trait]
-impl Source for Budget {
-    async fn get(&self, url: &Url) -> Fetched {
-        use std::sync::atomic::Ordering;
-        let granted = self
-            .left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if !granted {
-            return Fetched::Failed(format!(
-                "not fetched: this run reached crawl.max_pages = {}",
-                self.max
-            ));
-        }
-        self.inner.get(url).await
-    }
-}
-
-/// A fetcher that writes every response it gets into a WARC.
-struct Recording<F> {
-    inner: F,
-    recorder: Mutex<Recorder>,
-    user_agent: String,
-}
-
-#[async_trait]
-impl<F: Fetcher> Fetcher for Recording<F> {
-    async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
-        let r = self.inner.fetch(url).await?;
-        let mut rec = self.recorder.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = rec.record(url, &self.user_agent, &r) {
-            tracing::error!(file = %rec.path().display(), error = %e, "cannot write the WARC");
-        }
-        Ok(r)
-    }
-}
-
 fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
     let Fetching::Live { warc_out } = fetching else { return Ok(Arc::new(Offline)) };
     let c = &config.crawl;
@@ -122,11 +65,7 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
     };
     let http = HttpFetcher::new(limits).map_err(|e| anyhow!("cannot set up HTTP: {e}"))?;
     let fetcher: Arc<dyn Fetcher> = match warc_out {
-        Some(recorder) => Arc::new(Recording {
-            inner: http,
-            recorder: Mutex::new(recorder),
-            user_agent: c.user_agent.clone(),
-        }),
+        Some(recorder) => Arc::new(Recording::new(http, recorder, c.user_agent.clone())),
         None => Arc::new(http),
     };
     let polite = Arc::new(Polite::new(fetcher, politeness));
@@ -141,8 +80,7 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
     if c.max_pages == 0 {
         return Ok(crawler);
     }
-    let left = std::sync::atomic::AtomicU64::new(c.max_pages);
-    Ok(Arc::new(Budget { inner: crawler, left, max: c.max_pages }))
+    Ok(Arc::new(Budget::new(crawler, c.max_pages)))
 }
 
 impl App {

@@ -16,5 +16,5 @@ pub use fetch::{
 };
 pub use parse::{content_hash, decode, parse, Link, ParsedPage};
 pub use robots::{RobotsCache, Verdict};
-pub use source::{Crawler, Fetched, Source};
+pub use source::{Budget, Crawler, Fetched, Offline, Recording, Source};
 pub use urls::{normalize, resolve, Scope};

@@ -1,13 +1,17 @@
 //! Where the fetch observer gets pages from: the live web through a polite fetcher and
-//! robots.txt ([`Crawler`]), or anything else that implements [`Source`] (a fake in tests).
+//! robots.txt ([`Crawler`]), or anything else that implements [`Source`] (a fake in tests);
+//! and the wrappers a run puts around them: a per-run [`Budget`], a [`Recording`] of every
+//! response into a WARC, and [`Offline`] for a run that only replays.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use url::Url;
 
 use crate::fetch::{FetchError, Fetcher, Polite, Response};
 use crate::robots::{RobotsCache, Verdict};
+use crate::warc::Recorder;
 
 /// The outcome of asking for one URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,5 +68,72 @@ impl<F: Fetcher> Source for Crawler<F> {
             Ok(r) => Fetched::Response(r),
             Err(e) => Fetched::Failed(e.to_string()),
         }
+    }
+}
+
+/// Fetches nothing: a URL not already loaded is recorded as not available (`perc replay`).
+pub struct Offline;
+
+#[async_trait]
+impl Source for Offline {
+    async fn get(&self, _url: &Url) -> Fetched {
+        Fetched::Failed("not fetched: this run only replays recorded responses".into())
+    }
+}
+
+/// A source with a budget: after `max` fetches in this run, the rest are recorded as not
+/// fetched (`crawl.max_pages`).
+pub struct Budget {
+    inner: Arc<dyn Source>,
+    left: AtomicU64,
+    max: u64,
+}
+
+impl Budget {
+    pub fn new(inner: Arc<dyn Source>, max: u64) -> Budget {
+        Budget { inner, left: AtomicU64::new(max), max }
+    }
+}
+
+#[async_trait]
+impl Source for Budget {
+    async fn get(&self, url: &Url) -> Fetched {
+        let granted = self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if !granted {
+            return Fetched::Failed(format!(
+                "not fetched: this run reached crawl.max_pages = {}",
+                self.max
+            ));
+        }
+        self.inner.get(url).await
+    }
+}
+
+/// A fetcher that writes every response it gets into a WARC (`--warc-out`). A record that
+/// cannot be written is logged; the crawl goes on.
+pub struct Recording<F> {
+    inner: F,
+    recorder: Mutex<Recorder>,
+    user_agent: String,
+}
+
+impl<F: Fetcher> Recording<F> {
+    pub fn new(inner: F, recorder: Recorder, user_agent: String) -> Recording<F> {
+        Recording { inner, recorder: Mutex::new(recorder), user_agent }
+    }
+}
+
+#[async_trait]
+impl<F: Fetcher> Fetcher for Recording<F> {
+    async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
+        let r = self.inner.fetch(url).await?;
+        let mut rec = self.recorder.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = rec.record(url, &self.user_agent, &r) {
+            tracing::error!(file = %rec.path().display(), error = %e, "cannot write the WARC");
+        }
+        Ok(r)
     }
 }
