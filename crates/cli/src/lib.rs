@@ -1,6 +1,4 @@
-//! The pieces of the `perc` binary that tests reuse: configuration, the assembled process,
-//! and the static site server.
+//! The pieces of the `perc` binary that tests reuse: the static site server (the demo's and
+//! the tests'). The system itself is assembled by `perc-pipeline`.
 
-pub mod app;
-pub mod config;
 pub mod site;

@@ -7,14 +7,13 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use perc_crawl::warc::Recorded;
 use perc_observers::model::CrawlScope;
 use perc_observers::PageInfo;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use perc_cli::app::{App, Fetching, Interrupted};
-use perc_cli::{config, site};
+use perc_cli::site;
+use perc_pipeline::{config, Fetching, Interrupted, Pipeline};
 
 /// A line on stdout. A closed stdout (`perc status | head -1`) is an error that `main` turns
 /// into a quiet exit, the way Unix tools end on a broken pipe.
@@ -262,7 +261,10 @@ const SEED_LINE_BYTES_MAX: usize = 8192;
 /// Opens the store for a command that only reads or adds to an index that exists: a store
 /// directory that does not exist (a typo in --data, most likely) is "no perc store", not a
 /// new empty one.
-async fn open_existing(config: config::Config, fetching: Fetching) -> Result<Result<App, String>> {
+async fn open_existing(
+    config: config::Config,
+    fetching: Fetching,
+) -> Result<Result<Pipeline, String>> {
     if config.store.backend == config::Backend::Sled
         && !Path::new(&config.store.data).join("conf").exists()
     {
@@ -271,7 +273,7 @@ async fn open_existing(config: config::Config, fetching: Fetching) -> Result<Res
             config.store.data
         )));
     }
-    Ok(Ok(App::open(config, fetching).await?))
+    Ok(Ok(Pipeline::open(config, fetching).await?))
 }
 
 /// `open_existing`, or the exit it calls for.
@@ -324,7 +326,7 @@ async fn dispatch(
                 .as_deref()
                 .map(|p| perc_crawl::warc::Recorder::create(p, append))
                 .transpose()?;
-            let app = App::open(config, Fetching::Live { warc_out: recorder }).await?;
+            let app = Pipeline::open(config, Fetching::Live { warc_out: recorder }).await?;
             let result = crawl(&app, &seeds, &scope, &stop).await;
             app.close().await?;
             result
@@ -333,7 +335,7 @@ async fn dispatch(
             if files.is_empty() {
                 bail!("replay needs at least one WARC file");
             }
-            let app = App::open(config, Fetching::Offline).await?;
+            let app = Pipeline::open(config, Fetching::Offline).await?;
             let result = replay(&app, &files, &stop).await;
             app.close().await?;
             result
@@ -440,42 +442,22 @@ async fn dispatch(
     }
 }
 
-/// Responses a replay loads per transaction batch.
-const REPLAY_BATCH: usize = 256;
-
-/// The crawl's scope from the configured and the given prefixes; an error names a prefix that
-/// is not an absolute http(s) URL, or says that no seed is inside the prefixes.
+/// The crawl's scope (see [`perc_pipeline::crawl_scope`]), with a warning per seed outside it.
 fn crawl_scope(config: &config::Config, seeds: &[Url], prefixes: &[String]) -> Result<CrawlScope> {
-    let mut all_prefixes = config.crawl.prefixes.clone();
-    all_prefixes.extend(prefixes.iter().cloned());
-    let scope = perc_crawl::Scope::new(seeds, &all_prefixes).map_err(|e| anyhow!(e))?;
-    let outside: Vec<&Url> = seeds.iter().filter(|s| !scope.contains(s)).collect();
-    if !all_prefixes.is_empty() && outside.len() == seeds.len() {
-        bail!(
-            "no seed is inside the scope prefixes ({}): nothing could be crawled",
-            all_prefixes.join(", ")
-        );
-    }
+    let (scope, outside) = perc_pipeline::crawl_scope(config, seeds, prefixes)?;
     for s in outside {
         say!("warning: the seed {s} is outside the scope prefixes: fetched, but its links are not followed");
     }
-    Ok(CrawlScope {
-        seeds: seeds.iter().map(Url::to_string).collect(),
-        prefixes: all_prefixes,
-        max_depth: config.crawl.max_depth,
-        max_redirects: config.crawl.max_redirects,
-    })
+    Ok(scope)
 }
 
 async fn crawl(
-    app: &App,
+    app: &Pipeline,
     seeds: &[Url],
     scope: &CrawlScope,
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
-    perc_observers::seed(&app.client, seeds, scope).await?;
-    let s = app.run_until_quiet("crawl", stop).await?;
-    let r = perc_observers::report(&app.client, seeds).await?;
+    let (s, r) = app.crawl(seeds, scope, stop).await?;
     out!(
         "crawl done in {:.1}s: {} URLs tried this run ({:.1}/s); in the index, {} URLs \
          answered and {} pages indexed",
@@ -498,51 +480,23 @@ async fn crawl(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn replay(app: &App, files: &[PathBuf], stop: &CancellationToken) -> Result<ExitCode> {
-    let mut problems = 0;
-    let mut loaded = 0;
-    for f in files {
-        // Records stream from a reading thread in batches: memory stays flat in the size of
-        // the file.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Recorded>>(4);
-        let (path, max) = (f.clone(), app.config.crawl.body_bytes_max);
-        let reading = tokio::task::spawn_blocking(move || {
-            let mut batch = Vec::with_capacity(REPLAY_BATCH);
-            let issues = perc_crawl::warc::read_each(&path, max, |r| {
-                batch.push(r);
-                if batch.len() == REPLAY_BATCH {
-                    let _ = tx.blocking_send(std::mem::take(&mut batch));
-                }
-            })?;
-            if !batch.is_empty() {
-                let _ = tx.blocking_send(batch);
-            }
-            Ok::<_, std::io::Error>(issues)
-        });
-        loop {
-            let batch = tokio::select! {
-                b = rx.recv() => b,
-                _ = stop.cancelled() => return Err(Interrupted.into()),
-            };
-            let Some(batch) = batch else { break };
-            loaded += batch.len();
-            perc_observers::load_recorded(&app.client, &batch).await?;
-        }
-        let issues = reading.await??;
-        for i in &issues {
-            say!("warning: {i}");
-        }
-        problems += issues.len();
+async fn replay(app: &Pipeline, files: &[PathBuf], stop: &CancellationToken) -> Result<ExitCode> {
+    let r = app.replay(files, stop).await?;
+    for i in &r.issues {
+        say!("warning: {i}");
     }
-    let s = app.run_until_quiet("replay", stop).await?;
     out!(
-        "replayed {loaded} responses from {} file(s) in {:.1}s; {} pages indexed",
+        "replayed {} responses from {} file(s) in {:.1}s; {} pages indexed",
+        r.loaded,
         files.len(),
-        s.seconds,
-        perc_observers::page_count(&app.client).await?
+        r.run.seconds,
+        r.pages
     );
-    if problems > 0 {
-        say!("{problems} record(s) could not be read (see the warnings above); the others were indexed");
+    if !r.issues.is_empty() {
+        say!(
+            "{} record(s) could not be read (see the warnings above); the others were indexed",
+            r.issues.len()
+        );
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
@@ -550,7 +504,7 @@ async fn replay(app: &App, files: &[PathBuf], stop: &CancellationToken) -> Resul
 
 /// Writes the export as it is read, to stdout for `-`, else to a temporary file renamed at
 /// the end (so a reader never sees half of one); returns the number of pages.
-async fn write_export(app: &App, out: &Path) -> Result<usize> {
+async fn write_export(app: &Pipeline, out: &Path) -> Result<usize> {
     let mut n = 0;
     if out.as_os_str() == "-" {
         let mut f = std::io::BufWriter::new(std::io::stdout().lock());
@@ -587,9 +541,9 @@ fn by_reason(not_pages: &std::collections::BTreeMap<String, usize>) -> String {
     all.iter().map(|(why, n)| format!("{n} {why}")).collect::<Vec<_>>().join(", ")
 }
 
-async fn status(app: &App) -> Result<()> {
-    let r = perc_observers::report(&app.client, &[]).await?;
-    let pending = app.engine.pending_count(1_000_000).await?;
+async fn status(app: &Pipeline) -> Result<()> {
+    let st = app.status().await?;
+    let r = &st.report;
     let not_pages: usize = r.not_pages.values().sum();
     out!("pages indexed:                 {}", r.pages);
     out!("duplicate clusters (2+ pages): {}", r.duplicate_clusters);
@@ -598,11 +552,7 @@ async fn status(app: &App) -> Result<()> {
         out!("  not pages:                   {not_pages} ({})", by_reason(&r.not_pages));
     }
     out!("URLs waiting to be fetched:    {}", r.waiting);
-    out!("pending notifications:         {pending}");
-    let t = app.client.begin().await?;
-    let stats = perc_cli::app::decode_stats(
-        t.get(perc_cli::app::STATS_ROW, perc_cli::app::STATS_COLUMN).await?,
-    )?;
+    out!("pending notifications:         {}", st.pending);
     out!(
         "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
         "observer",
@@ -613,13 +563,12 @@ async fn status(app: &App) -> Result<()> {
         "failures",
         "parked"
     );
-    for (name, [runs, commits, skipped, conflicts, failures, parked]) in &stats {
+    for (name, [runs, commits, skipped, conflicts, failures, parked]) in &st.counters {
         out!("{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7}");
     }
-    let failed = app.engine.failed_list().await?;
-    if !failed.is_empty() {
-        out!("\nparked notifications ({}):", failed.len());
-        for f in failed {
+    if !st.parked.is_empty() {
+        out!("\nparked notifications ({}):", st.parked.len());
+        for f in &st.parked {
             out!("  {} {}: {}", f.row.escape_ascii(), f.column.escape_ascii(), f.detail);
         }
     }
@@ -675,7 +624,7 @@ async fn oracle(
     listen: &str,
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
-    let store = perc_cli::app::open_store(&config).await?;
+    let store = perc_pipeline::open_store(&config).await?;
     let oracle = perc_oracle::LocalOracle::open(store, config.txn.oracle_block).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -691,7 +640,7 @@ async fn oracle(
 }
 
 async fn worker(config: config::Config, stop: &CancellationToken) -> Result<ExitCode> {
-    let app = App::open(config, Fetching::Live { warc_out: None }).await?;
+    let app = Pipeline::open(config, Fetching::Live { warc_out: None }).await?;
     let workers =
         perc_notify::Workers::start(app.engine.clone(), &tokio::runtime::Handle::current());
     out!("worker {} running", app.engine.client().worker());
@@ -715,7 +664,7 @@ async fn demo(config: config::Config, site: &Path, stop: &CancellationToken) -> 
     out!("serving {} at {base}", site.display());
     let seeds = std::slice::from_ref(&base);
     let scope = crawl_scope(&config, seeds, &[])?;
-    let app = App::open(config, Fetching::Live { warc_out: None }).await?;
+    let app = Pipeline::open(config, Fetching::Live { warc_out: None }).await?;
     crawl(&app, seeds, &scope, stop).await?;
     out!();
     for path in

@@ -1,25 +1,33 @@
-//! One process's perc: the store, the oracle, the observers and the workers, assembled from
-//! the configuration, and the run-until-quiescent loop with its progress display.
+//! perc's front door: one process's perc (the store, the oracle, the observers and the
+//! workers) assembled from a validated [`Config`], and the run-until-quiescent loop with its
+//! progress display. The binary, the benchmarks and the tests open a [`Pipeline`] rather than
+//! wiring the layers themselves.
+
+pub mod config;
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
 use perc_crawl::warc::Recorder;
+use perc_crawl::warc::{Recorded, WarcIssue};
 use perc_crawl::{
     Budget, Crawler, FetchLimits, Fetcher, HttpFetcher, Offline, Polite, PolitenessConfig,
     Recording, RobotsCache, Source,
 };
-use perc_notify::{client_for, Engine, ObserverStats, RowLease, StoreLease, Workers};
+use perc_notify::{client_for, Engine, FailedEntry, ObserverStats, RowLease, StoreLease, Workers};
+use perc_observers::model::CrawlScope;
+use perc_observers::Report;
 use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
 use perc_store::{SledOptions, SledStore, Store};
 use perc_txn::{Client, Clock, SystemClock, TxnConfig};
 use tokio_util::sync::CancellationToken;
+use url::Url;
 
-use crate::config::{Backend, Config};
+pub use crate::config::{Backend, Config};
 
 /// A run stopped by SIGINT or SIGTERM: what it did is saved, and running the same command
 /// again resumes it.
@@ -34,7 +42,7 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
-pub struct App {
+pub struct Pipeline {
     pub store: Arc<dyn Store>,
     pub client: Client,
     pub engine: Arc<Engine>,
@@ -83,8 +91,8 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
     Ok(Arc::new(Budget::new(crawler, c.max_pages)))
 }
 
-impl App {
-    pub async fn open(config: Config, fetching: Fetching) -> Result<App> {
+impl Pipeline {
+    pub async fn open(config: Config, fetching: Fetching) -> Result<Pipeline> {
         if config.store.backend == Backend::Sled && config.workers.scanners == 0 {
             anyhow::bail!(
                 "workers.scanners = 0 leaves nobody to run the observers of the embedded store \
@@ -134,7 +142,7 @@ impl App {
         let engine =
             Arc::new(Engine::with_lease(engine_client, registry, config.workers.clone(), lease));
         engine.load_parked().await?;
-        Ok(App { store, client, engine, config })
+        Ok(Pipeline { store, client, engine, config })
     }
 
     /// Runs the workers until no notification is pending; shows progress on a terminal.
@@ -294,6 +302,122 @@ pub async fn open_oracle(config: &Config, store: &Arc<dyn Store>) -> Result<Arc<
         );
     }
     Ok(Arc::new(LocalOracle::open(store.clone(), config.txn.oracle_block).await?))
+}
+
+/// Responses a replay loads per transaction batch.
+const REPLAY_BATCH: usize = 256;
+
+/// The crawl's scope from the configured and the given prefixes, and the seeds outside it
+/// (fetched, but their links not followed). An error names a prefix that is not an absolute
+/// http(s) URL, or says that no seed is inside the prefixes.
+pub fn crawl_scope(
+    config: &Config,
+    seeds: &[Url],
+    prefixes: &[String],
+) -> Result<(CrawlScope, Vec<Url>)> {
+    let mut all_prefixes = config.crawl.prefixes.clone();
+    all_prefixes.extend(prefixes.iter().cloned());
+    let scope = perc_crawl::Scope::new(seeds, &all_prefixes).map_err(|e| anyhow!(e))?;
+    let outside: Vec<Url> = seeds.iter().filter(|s| !scope.contains(s)).cloned().collect();
+    if !all_prefixes.is_empty() && outside.len() == seeds.len() {
+        anyhow::bail!(
+            "no seed is inside the scope prefixes ({}): nothing could be crawled",
+            all_prefixes.join(", ")
+        );
+    }
+    let scope = CrawlScope {
+        seeds: seeds.iter().map(Url::to_string).collect(),
+        prefixes: all_prefixes,
+        max_depth: config.crawl.max_depth,
+        max_redirects: config.crawl.max_redirects,
+    };
+    Ok((scope, outside))
+}
+
+/// What a replay did.
+#[derive(Clone, Debug)]
+pub struct Replayed {
+    /// Response records loaded.
+    pub loaded: usize,
+    /// Records that could not be read, each named by file and offset.
+    pub issues: Vec<WarcIssue>,
+    pub run: RunSummary,
+    /// Pages in the export afterwards.
+    pub pages: usize,
+}
+
+/// What `perc status` shows.
+#[derive(Clone, Debug)]
+pub struct Status {
+    pub report: Report,
+    pub pending: usize,
+    /// Every run's counters so far, per observer.
+    pub counters: StoredStats,
+    pub parked: Vec<FailedEntry>,
+}
+
+impl Pipeline {
+    /// Starts (or restarts) a crawl from `seeds` within `scope` and runs it to quiescence;
+    /// returns the run's summary and the index's report (its `seeds_answered` counts these
+    /// seeds).
+    pub async fn crawl(
+        &self,
+        seeds: &[Url],
+        scope: &CrawlScope,
+        stop: &CancellationToken,
+    ) -> Result<(RunSummary, Report)> {
+        perc_observers::seed(&self.client, seeds, scope).await?;
+        let run = self.run_until_quiet("crawl", stop).await?;
+        Ok((run, perc_observers::report(&self.client, seeds).await?))
+    }
+
+    /// Loads every response record of `files` and runs the observers to quiescence. Records
+    /// stream from a reading thread in batches: memory stays flat in the size of the files.
+    pub async fn replay(&self, files: &[PathBuf], stop: &CancellationToken) -> Result<Replayed> {
+        let mut issues = Vec::new();
+        let mut loaded = 0;
+        for f in files {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Recorded>>(4);
+            let (path, max) = (f.clone(), self.config.crawl.body_bytes_max);
+            let reading = tokio::task::spawn_blocking(move || {
+                let mut batch = Vec::with_capacity(REPLAY_BATCH);
+                let issues = perc_crawl::warc::read_each(&path, max, |r| {
+                    batch.push(r);
+                    if batch.len() == REPLAY_BATCH {
+                        let _ = tx.blocking_send(std::mem::take(&mut batch));
+                    }
+                })?;
+                if !batch.is_empty() {
+                    let _ = tx.blocking_send(batch);
+                }
+                Ok::<_, std::io::Error>(issues)
+            });
+            loop {
+                let batch = tokio::select! {
+                    b = rx.recv() => b,
+                    _ = stop.cancelled() => return Err(Interrupted.into()),
+                };
+                let Some(batch) = batch else { break };
+                loaded += batch.len();
+                perc_observers::load_recorded(&self.client, &batch).await?;
+            }
+            issues.extend(reading.await??);
+        }
+        let run = self.run_until_quiet("replay", stop).await?;
+        let pages = perc_observers::page_count(&self.client).await?;
+        Ok(Replayed { loaded, issues, run, pages })
+    }
+
+    /// The index's report, the pending notifications, the stored counters and the parked
+    /// notifications.
+    pub async fn status(&self) -> Result<Status> {
+        let report = perc_observers::report(&self.client, &[]).await?;
+        let pending = self.engine.pending_count(1_000_000).await?;
+        let t = self.client.begin().await?;
+        let counters = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?)?;
+        let parked = self.engine.failed_list().await?;
+        Ok(Status { report, pending, counters, parked })
+    }
 }
 
 /// Where the counters of every run so far are kept, per observer:
