@@ -505,16 +505,9 @@ async fn replay(app: &Pipeline, files: &[PathBuf], stop: &CancellationToken) -> 
 /// Writes the export as it is read, to stdout for `-`, else to a temporary file renamed at
 /// the end (so a reader never sees half of one); returns the number of pages.
 async fn write_export(app: &Pipeline, out: &Path) -> Result<usize> {
-    let mut n = 0;
     if out.as_os_str() == "-" {
         let mut f = std::io::BufWriter::new(std::io::stdout().lock());
-        perc_observers::export_each(&app.client, |l| {
-            serde_json::to_writer(&mut f, &l)?;
-            f.write_all(b"\n")?;
-            n += 1;
-            Ok::<_, anyhow::Error>(())
-        })
-        .await?;
+        let n = export_lines(app, &mut f).await?;
         f.flush()?;
         return Ok(n);
     }
@@ -522,15 +515,22 @@ async fn write_export(app: &Pipeline, out: &Path) -> Result<usize> {
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?,
     );
+    let n = export_lines(app, &mut f).await?;
+    f.into_inner().map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?.sync_all()?;
+    std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(n)
+}
+
+/// The export as JSON Lines into `w`; returns the number of lines.
+async fn export_lines(app: &Pipeline, w: &mut impl Write) -> Result<usize> {
+    let mut n = 0;
     perc_observers::export_each(&app.client, |l| {
-        serde_json::to_writer(&mut f, &l)?;
-        f.write_all(b"\n")?;
+        serde_json::to_writer(&mut *w, &l)?;
+        w.write_all(b"\n")?;
         n += 1;
         Ok::<_, anyhow::Error>(())
     })
     .await?;
-    f.into_inner().map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?.sync_all()?;
-    std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))?;
     Ok(n)
 }
 

@@ -157,6 +157,12 @@ fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Asserts that a run's stderr says `what`.
+fn says(out: &std::process::Output, what: &str) {
+    let err = stderr_of(out);
+    assert!(err.contains(what), "expected {what:?} in:\n{err}");
+}
+
 #[test]
 fn closed_stdout_ends_the_command_quietly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -205,6 +211,39 @@ fn closed_stderr_never_kills_or_hangs_a_crawl() {
     assert_eq!(got.replace(&site.base(), "http://demo.test/"), want);
 }
 
+/// Runs `args` on `data` and sends it `signal` (`INT`, `TERM`) once it has logged `runs`
+/// observer runs; returns its exit code and the stderr lines after the signal.
+fn signal_after_runs(
+    data: &Path,
+    args: &[&str],
+    runs: usize,
+    signal: &str,
+) -> (Option<i32>, Vec<String>) {
+    let mut child = command(data, args)
+        .env("RUST_LOG", "perc_notify=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = 0;
+    for line in lines.by_ref() {
+        if line.unwrap().contains("observer ran") {
+            seen += 1;
+            if seen == runs {
+                let sent = Command::new("kill")
+                    .args([&format!("-{signal}"), &child.id().to_string()])
+                    .status();
+                assert!(sent.unwrap().success());
+                break;
+            }
+        }
+    }
+    assert_eq!(seen, runs, "the run ended before it could be signalled");
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    (child.wait().unwrap().code(), rest)
+}
+
 #[test]
 fn sigint_during_a_crawl_closes_the_warc_and_the_next_run_resumes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -212,28 +251,9 @@ fn sigint_during_a_crawl_closes_the_warc_and_the_next_run_resumes() {
     let s = seeds(tmp.path(), &[site.base()]);
     let data = tmp.path().join("store");
     let warc = tmp.path().join("crawl.warc.gz");
-    let mut child = command(&data, &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out"])
-        .arg(&warc)
-        .env("RUST_LOG", "perc_notify=debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut runs = 0;
-    for line in lines.by_ref() {
-        if line.unwrap().contains("observer ran") {
-            runs += 1;
-            if runs == 30 {
-                let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
-                assert!(sent.unwrap().success());
-                break;
-            }
-        }
-    }
-    let rest: Vec<String> = lines.map(Result::unwrap).collect();
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "exit status after SIGINT");
+    let args = ["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", warc.to_str().unwrap()];
+    let (code, rest) = signal_after_runs(&data, &args, 30, "INT");
+    assert_eq!(code, Some(130), "exit status after SIGINT");
     assert!(
         rest.iter().any(|l| l.contains("Run the same command again to resume")),
         "says how to resume: {rest:?}"
@@ -266,7 +286,7 @@ fn warc_out_refuses_an_existing_file_unless_append() {
         &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", w],
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr_of(&out).contains("--append"), "{}", stderr_of(&out));
+    says(&out, "--append");
     assert_eq!(std::fs::read(&warc).unwrap(), first, "the first run's records are intact");
     assert!(!tmp.path().join("b").exists(), "nothing was crawled");
     common::ok(&common::perc(
@@ -282,22 +302,14 @@ fn seed_list_from_dev_zero_fails_fast_naming_the_line() {
     let tmp = tempfile::tempdir().unwrap();
     let out = common::perc(&tmp.path().join("s"), &["crawl", "--seeds", "/dev/zero"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr_of(&out).contains("/dev/zero line 1: longer than 8192 bytes"),
-        "{}",
-        stderr_of(&out)
-    );
+    says(&out, "/dev/zero line 1: longer than 8192 bytes");
     let many = tmp.path().join("many.txt");
     std::fs::write(&many, "http://a.test/1\nhttp://a.test/2\nhttp://a.test/3\n").unwrap();
     let out = common::perc(
         &tmp.path().join("s"),
         &["--set", "crawl.seeds_max=2", "crawl", "--seeds", many.to_str().unwrap()],
     );
-    assert!(
-        stderr_of(&out).contains("line 3: more than crawl.seeds_max = 2 seeds"),
-        "{}",
-        stderr_of(&out)
-    );
+    says(&out, "line 3: more than crawl.seeds_max = 2 seeds");
 }
 
 #[test]
@@ -319,7 +331,7 @@ fn credentials_in_seeds_and_links_are_never_stored_or_exported() {
     let data = tmp.path().join("store");
     let out = common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr_of(&out));
-    assert!(stderr_of(&out).contains("credentials removed from the seed"), "{}", stderr_of(&out));
+    says(&out, "credentials removed from the seed");
     assert!(!stderr_of(&out).contains("secret"));
     let got = export(&data, &tmp.path().join("out.jsonl"));
     assert!(got.contains(&format!("\"url\":\"{}\"", site.base())), "{got}");
@@ -365,21 +377,13 @@ fn scope_prefixes_are_urls_matched_at_segment_boundaries() {
     let data = tmp.path().join("store");
     let out = common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap(), "--prefix", "docs/"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr_of(&out).contains("the scope prefix \"docs/\" is not an absolute http(s) URL"),
-        "{}",
-        stderr_of(&out)
-    );
+    says(&out, "the scope prefix \"docs/\" is not an absolute http(s) URL");
     let out = common::perc(
         &data,
         &["crawl", "--seeds", s.to_str().unwrap(), "--prefix", "http://127.0.0.1:1/docs.evil/"],
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr_of(&out).contains("no seed is inside the scope prefixes"),
-        "{}",
-        stderr_of(&out)
-    );
+    says(&out, "no seed is inside the scope prefixes");
 }
 
 #[test]
@@ -396,11 +400,7 @@ fn read_commands_on_a_missing_store_say_so_and_create_nothing() {
     ] {
         let out = common::perc(&typo, args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
-        assert!(
-            stderr_of(&out).contains(&format!("no perc store at {}", typo.display())),
-            "{args:?}: {}",
-            stderr_of(&out)
-        );
+        says(&out, &format!("no perc store at {}", typo.display()));
         assert!(!typo.exists(), "{args:?} created {}", typo.display());
     }
 }
@@ -427,7 +427,7 @@ fn config_values_that_would_hang_are_refused() {
     }
     let out = command(&data, &["status"]).env("PERC_CRAWL_MAX_DEPHT", "3").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr_of(&out).contains("did you mean \"CRAWL_MAX_DEPTH\""), "{}", stderr_of(&out));
+    says(&out, "did you mean \"CRAWL_MAX_DEPTH\"");
 }
 
 #[test]
@@ -551,26 +551,8 @@ fn sigterm_during_a_replay_stops_cleanly_and_the_next_run_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
     let data = tmp.path().join("store");
-    let mut child = command(&data, &["replay", warc.to_str().unwrap()])
-        .env("RUST_LOG", "perc_notify=debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut runs = 0;
-    for line in lines.by_ref() {
-        if line.unwrap().contains("observer ran") {
-            runs += 1;
-            if runs == 20 {
-                let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-                assert!(sent.unwrap().success());
-                break;
-            }
-        }
-    }
-    let rest: Vec<String> = lines.map(Result::unwrap).collect();
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let (code, rest) = signal_after_runs(&data, &["replay", warc.to_str().unwrap()], 20, "TERM");
+    assert_eq!(code, Some(130));
     assert!(rest.iter().any(|l| l.contains("Run the same command again to resume")), "{rest:?}");
     common::ok(&common::perc(&data, &["replay", warc.to_str().unwrap()]));
     let want = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
