@@ -343,7 +343,7 @@ async fn dispatch(
         Command::Canonical { url } => {
             let url = parse_url(&url)?;
             let app = existing!(config, Fetching::Offline);
-            let answer = perc_observers::canonical(&app.client, &url).await?;
+            let answer = app.canonical(&url).await?;
             app.close().await?;
             match answer {
                 Ok(c) => {
@@ -359,7 +359,7 @@ async fn dispatch(
         Command::Page { url } => {
             let url = parse_url(&url)?;
             let app = existing!(config, Fetching::Offline);
-            let info = perc_observers::page_info(&app.client, &url).await?;
+            let info = app.page(&url).await?;
             app.close().await?;
             match info {
                 PageInfo::Page(line) => out!("{}", serde_json::to_string(&line)?),
@@ -390,33 +390,21 @@ async fn dispatch(
         }
         Command::Refetch { urls, all } => {
             let app = existing!(config, Fetching::Live { warc_out: None });
-            let targets: Vec<Url> = if all {
-                perc_observers::known_urls(&app.client).await?
+            let targets: Option<Vec<Url>> = if all {
+                None
             } else {
                 if urls.is_empty() {
                     bail!("refetch needs URLs, or --all");
                 }
-                urls.iter().map(|u| parse_url(u)).collect::<Result<_>>()?
+                Some(urls.iter().map(|u| parse_url(u)).collect::<Result<_>>()?)
             };
-            let unknown = perc_observers::refetch(&app.client, &targets).await?;
+            let result = app.refetch(targets.as_deref(), &stop).await;
+            app.close().await?;
+            let (s, unknown, pages) = result?;
             for u in &unknown {
                 say!("warning: {u} is not known to this index; not fetched");
             }
-            let s = app.run_until_quiet("refetch", &stop).await;
-            let s = match s {
-                Ok(s) => s,
-                Err(e) => {
-                    app.close().await?;
-                    return Err(e);
-                }
-            };
-            out!(
-                "refetched {} pages in {:.1}s; {} pages indexed",
-                targets.len() - unknown.len(),
-                s.seconds,
-                perc_observers::page_count(&app.client).await?
-            );
-            app.close().await?;
+            out!("refetched {} pages in {:.1}s; {pages} pages indexed", s.fetched, s.seconds);
             Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Status => {
@@ -523,15 +511,12 @@ async fn write_export(app: &Pipeline, out: &Path) -> Result<usize> {
 
 /// The export as JSON Lines into `w`; returns the number of lines.
 async fn export_lines(app: &Pipeline, w: &mut impl Write) -> Result<usize> {
-    let mut n = 0;
-    perc_observers::export_each(&app.client, |l| {
+    app.export(|l| {
         serde_json::to_writer(&mut *w, &l)?;
         w.write_all(b"\n")?;
-        n += 1;
-        Ok::<_, anyhow::Error>(())
+        Ok(())
     })
-    .await?;
-    Ok(n)
+    .await
 }
 
 /// The "not pages" line: each reason with its count, most frequent first.
@@ -641,14 +626,11 @@ async fn oracle(
 
 async fn worker(config: config::Config, stop: &CancellationToken) -> Result<ExitCode> {
     let app = Pipeline::open(config, Fetching::Live { warc_out: None }).await?;
-    let workers =
-        perc_notify::Workers::start(app.engine.clone(), &tokio::runtime::Handle::current());
-    out!("worker {} running", app.engine.client().worker());
+    out!("worker {} running", app.worker_id());
     std::io::stdout().flush()?;
-    stop.cancelled().await;
-    workers.shutdown().await;
-    app.save_stats().await?;
+    let worked = app.work(stop).await;
     app.close().await?;
+    worked?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -671,7 +653,7 @@ async fn demo(config: config::Config, site: &Path, stop: &CancellationToken) -> 
         ["", "about.html", "copy-of-about.html", "old-about", "missing.html", "private/secret.html"]
     {
         let url = base.join(path)?;
-        match perc_observers::canonical(&app.client, &url).await? {
+        match app.canonical(&url).await? {
             Ok(c) => out!("perc canonical {url}\n  -> {c}"),
             Err(why) => out!("perc canonical {url}\n  -> ({why})"),
         }

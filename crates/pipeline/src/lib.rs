@@ -408,6 +408,66 @@ impl Pipeline {
         Ok(Replayed { loaded, issues, run, pages })
     }
 
+    /// Fetches `targets` again (all known URLs when `None`) and runs the observers to
+    /// quiescence; returns the run's summary, the URLs that are not known (not fetched) and
+    /// how many pages the export then holds.
+    pub async fn refetch(
+        &self,
+        targets: Option<&[Url]>,
+        stop: &CancellationToken,
+    ) -> Result<(RunSummary, Vec<Url>, usize)> {
+        let all;
+        let targets = match targets {
+            Some(t) => t,
+            None => {
+                all = perc_observers::known_urls(&self.client).await?;
+                &all
+            }
+        };
+        let unknown = perc_observers::refetch(&self.client, targets).await?;
+        let run = self.run_until_quiet("refetch", stop).await?;
+        let pages = perc_observers::page_count(&self.client).await?;
+        Ok((RunSummary { fetched: (targets.len() - unknown.len()) as u64, ..run }, unknown, pages))
+    }
+
+    /// The canonical URL of a page, a duplicate or an alias; `Err` says what the URL is
+    /// instead.
+    pub async fn canonical(&self, url: &Url) -> Result<Result<String, String>> {
+        Ok(perc_observers::canonical(&self.client, url).await?)
+    }
+
+    /// What the index knows of one URL.
+    pub async fn page(&self, url: &Url) -> Result<perc_observers::PageInfo> {
+        Ok(perc_observers::page_info(&self.client, url).await?)
+    }
+
+    /// The export, one line at a time in URL order; returns the number of lines.
+    pub async fn export(
+        &self,
+        mut each: impl FnMut(perc_observers::model::ExportLine) -> Result<()>,
+    ) -> Result<usize> {
+        let mut n = 0;
+        perc_observers::export_each(&self.client, |l| {
+            n += 1;
+            each(l)
+        })
+        .await?;
+        Ok(n)
+    }
+
+    /// Runs the observers until `stop` (`perc worker`), then saves the counters.
+    pub async fn work(&self, stop: &CancellationToken) -> Result<()> {
+        let workers = Workers::start(self.engine.clone(), &tokio::runtime::Handle::current());
+        stop.cancelled().await;
+        workers.shutdown().await;
+        self.save_stats().await
+    }
+
+    /// This process's worker id, as other processes see it in locks and leases.
+    pub fn worker_id(&self) -> perc_txn::WorkerId {
+        self.engine.client().worker()
+    }
+
     /// The index's report, the pending notifications, the stored counters and the parked
     /// notifications.
     pub async fn status(&self) -> Result<Status> {
