@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
-use perc_crawl::warc::Recorder;
-use perc_crawl::warc::{Recorded, WarcIssue};
+use perc_crawl::warc::{Recorded, Recorder, WarcIssue};
 use perc_crawl::{
     Budget, Crawler, FetchLimits, Fetcher, HttpFetcher, Offline, Polite, PolitenessConfig,
     Recording, RobotsCache, Source,
