@@ -361,15 +361,15 @@ impl Engine {
                     attempt += 1;
                     self.client.clock().sleep_ms(pause).await;
                 }
-                Err(mut e) => {
+                Err(e) => {
                     counters.failures.fetch_add(1, Ordering::Relaxed);
-                    if let ObserverError::Txn(txn) = e {
-                        self.note(&txn);
-                        if self.fatal().is_some() {
-                            // Not the observer's failure: it stays pending, unparked.
-                            return Err(txn);
-                        }
-                        e = ObserverError::Txn(txn);
+                    if let ObserverError::Txn(txn) = &e {
+                        self.note(txn);
+                    }
+                    if self.fatal().is_some() {
+                        // Not the observer's failure: it stays pending, unparked, and the
+                        // engine's fatal error ends the run.
+                        return Ok(RunOutcome::Failed);
                     }
                     tracing::warn!(observer = %reg.name, row = %p.row.escape_ascii(), error = %e, "observer run failed");
                     return self.failed(reg, p, e.to_string(), counters).await;

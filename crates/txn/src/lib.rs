@@ -259,9 +259,9 @@ impl Client {
     /// Runs `attempt` in new transactions until it returns anything but a retryable outcome
     /// (a conflict, a lock, a rollback): the loop every writer outside the observer framework
     /// (loaders, counters) needs. Locks of dead workers are cleaned by the attempts
-    /// themselves; a live owner's lock is waited out for at most one lock TTL and one
-    /// liveness TTL past the first attempt, after which it is stale and cleanable too, so the
-    /// loop ends unless other writers keep winning (then it gives up with the last conflict).
+    /// themselves. A live owner's lock is stale, and cleanable, after one lock TTL (or its
+    /// owner's liveness TTL once it stops heartbeating); the loop keeps trying for twice their
+    /// sum (at least 2 s) and then gives up with the last conflict.
     pub async fn retrying<T>(
         &self,
         mut attempt: impl AsyncFnMut(&Client) -> Result<T, TxnError>,
