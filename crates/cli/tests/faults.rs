@@ -1,9 +1,9 @@
 //! Faults and hostile inputs, through the `perc` binary (issue #7): each test is named after
 //! the case it covers, and each failed before the fix it checks.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Lines};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -66,32 +66,41 @@ fn finish_within(cmd: &mut Command, logs: &Path, limit: Duration, what: &str) ->
     }
 }
 
-/// Runs `args` on `data`, killing it with SIGKILL once it has logged `kill_at` observer runs
-/// (0: after `delay_ms`, while it is still loading). Returns how many runs it logged.
-fn run_and_kill(data: &Path, args: &[&str], kill_at: usize, delay_ms: u64) -> usize {
+/// A run of `args` on `data` that logs each observer run on stderr, and that stderr's lines.
+fn spawn_logging_runs(data: &Path, args: &[&str]) -> (Child, Lines<BufReader<ChildStderr>>) {
     let mut child = command(data, args)
         .env("RUST_LOG", "perc_notify=debug")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    if kill_at == 0 {
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        return 0;
-    }
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    (child, lines)
+}
+
+/// Reads `lines` until `n` observer runs are logged or the process ends; returns how many were.
+fn count_runs(lines: &mut Lines<BufReader<ChildStderr>>, n: usize) -> usize {
     let mut runs = 0;
-    for line in BufReader::new(stderr).lines() {
-        if line.unwrap().contains("observer ran") {
-            runs += 1;
-            if runs == kill_at {
-                child.kill().unwrap(); // SIGKILL
-                break;
-            }
+    while runs < n {
+        match lines.next() {
+            Some(line) => runs += usize::from(line.unwrap().contains("observer ran")),
+            None => break,
         }
     }
+    runs
+}
+
+/// Runs `args` on `data`, killing it with SIGKILL once it has logged `kill_at` observer runs
+/// (0: after `delay_ms`, while it is still loading). Returns how many runs it logged.
+fn run_and_kill(data: &Path, args: &[&str], kill_at: usize, delay_ms: u64) -> usize {
+    let (mut child, mut lines) = spawn_logging_runs(data, args);
+    let runs = if kill_at == 0 {
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        0
+    } else {
+        count_runs(&mut lines, kill_at)
+    };
+    child.kill().unwrap(); // SIGKILL (harmless if it already ended)
     child.wait().unwrap();
     runs
 }
@@ -219,25 +228,12 @@ fn signal_after_runs(
     runs: usize,
     signal: &str,
 ) -> (Option<i32>, Vec<String>) {
-    let mut child = command(data, args)
-        .env("RUST_LOG", "perc_notify=debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = 0;
-    for line in lines.by_ref() {
-        if line.unwrap().contains("observer ran") {
-            seen += 1;
-            if seen == runs {
-                let sent = Command::new("kill")
-                    .args([&format!("-{signal}"), &child.id().to_string()])
-                    .status();
-                assert!(sent.unwrap().success());
-                break;
-            }
-        }
+    let (mut child, mut lines) = spawn_logging_runs(data, args);
+    let seen = count_runs(&mut lines, runs);
+    if seen == runs {
+        let sent =
+            Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status();
+        assert!(sent.unwrap().success());
     }
     assert_eq!(seen, runs, "the run ended before it could be signalled");
     let rest: Vec<String> = lines.map(Result::unwrap).collect();
