@@ -208,20 +208,21 @@ pub async fn report(client: &Client, seeds: &[Url]) -> Result<Report, TxnError> 
             r.duplicate_clusters += 1;
         }
     }
+    let seed_rows: std::collections::BTreeSet<Bytes> =
+        seeds.iter().map(|s| model::page(s.as_str())).collect();
     let metas = t.scan(b"p:", b"p;", col::META).await?;
-    let mut answered = std::collections::BTreeSet::new();
     for (row, raw) in &metas {
         let meta: Meta = serde_json::from_slice(raw)
             .map_err(|e| TxnError::Corrupt(format!("page meta: {e}")))?;
         if meta.status.is_some() {
-            answered.insert(row.clone());
+            r.answered += 1;
+            r.seeds_answered += usize::from(seed_rows.contains(row));
         }
         if meta.kind != "page" {
             *r.not_pages.entry(reason_class(&meta)).or_default() += 1;
         }
     }
     r.fetched = metas.len();
-    r.answered = answered.len();
     let fetched: std::collections::BTreeSet<&Bytes> = metas.iter().map(|(row, _)| row).collect();
     r.waiting = t
         .scan(b"p:", b"p;", col::WANT)
@@ -229,7 +230,6 @@ pub async fn report(client: &Client, seeds: &[Url]) -> Result<Report, TxnError> 
         .iter()
         .filter(|(row, _)| !fetched.contains(row))
         .count();
-    r.seeds_answered = seeds.iter().filter(|s| answered.contains(&model::page(s.as_str()))).count();
     Ok(r)
 }
 
