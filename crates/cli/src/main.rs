@@ -265,9 +265,7 @@ async fn open_existing(
     config: config::Config,
     fetching: Fetching,
 ) -> Result<Result<Pipeline, String>> {
-    if config.store.backend == config::Backend::Sled
-        && !Path::new(&config.store.data).join("conf").exists()
-    {
+    if !Pipeline::exists(&config) {
         return Ok(Err(format!(
             "no perc store at {} (perc crawl and perc replay create one; --data picks another)",
             config.store.data
@@ -400,12 +398,17 @@ async fn dispatch(
             };
             let result = app.refetch(targets.as_deref(), &stop).await;
             app.close().await?;
-            let (s, unknown, pages) = result?;
-            for u in &unknown {
+            let r = result?;
+            for u in &r.unknown {
                 say!("warning: {u} is not known to this index; not fetched");
             }
-            out!("refetched {} pages in {:.1}s; {pages} pages indexed", s.fetched, s.seconds);
-            Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            out!(
+                "refetched {} pages in {:.1}s; {} pages indexed",
+                r.refetched,
+                r.run.seconds,
+                r.pages
+            );
+            Ok(if r.unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Status => {
             let app = existing!(config, Fetching::Offline);

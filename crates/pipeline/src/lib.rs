@@ -30,16 +30,9 @@ pub use crate::config::{Backend, Config};
 
 /// A run stopped by SIGINT or SIGTERM: what it did is saved, and running the same command
 /// again resumes it.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted")]
 pub struct Interrupted;
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("interrupted")
-    }
-}
-
-impl std::error::Error for Interrupted {}
 
 pub struct Pipeline {
     pub store: Arc<dyn Store>,
@@ -91,6 +84,15 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
 }
 
 impl Pipeline {
+    /// Whether the configured store exists. Only a crawl or a replay should create one: for
+    /// any other command a missing store is a mistake (a typo in `--data`), not an empty
+    /// index. A shared Bigtable table always counts as existing (perc creates it on open).
+    pub fn exists(config: &Config) -> bool {
+        config.store.backend != Backend::Sled || SledStore::exists(&config.store.data)
+    }
+
+    /// Opens the configured store, creating it if it does not exist, and assembles the
+    /// process around it.
     pub async fn open(config: Config, fetching: Fetching) -> Result<Pipeline> {
         if config.store.backend == Backend::Sled && config.workers.scanners == 0 {
             anyhow::bail!(
@@ -345,6 +347,18 @@ pub struct Replayed {
     pub pages: usize,
 }
 
+/// What a refetch did.
+#[derive(Clone, Debug)]
+pub struct Refetched {
+    /// Known URLs whose fetch was asked for again.
+    pub refetched: usize,
+    /// URLs not known to the index: not fetched.
+    pub unknown: Vec<Url>,
+    pub run: RunSummary,
+    /// Pages in the export afterwards.
+    pub pages: usize,
+}
+
 /// What `perc status` shows.
 #[derive(Clone, Debug)]
 pub struct Status {
@@ -408,13 +422,12 @@ impl Pipeline {
     }
 
     /// Fetches `targets` again (all known URLs when `None`) and runs the observers to
-    /// quiescence; returns the run's summary, the URLs that are not known (not fetched) and
-    /// how many pages the export then holds.
+    /// quiescence.
     pub async fn refetch(
         &self,
         targets: Option<&[Url]>,
         stop: &CancellationToken,
-    ) -> Result<(RunSummary, Vec<Url>, usize)> {
+    ) -> Result<Refetched> {
         let all;
         let targets = match targets {
             Some(t) => t,
@@ -426,7 +439,7 @@ impl Pipeline {
         let unknown = perc_observers::refetch(&self.client, targets).await?;
         let run = self.run_until_quiet("refetch", stop).await?;
         let pages = perc_observers::page_count(&self.client).await?;
-        Ok((RunSummary { fetched: (targets.len() - unknown.len()) as u64, ..run }, unknown, pages))
+        Ok(Refetched { refetched: targets.len() - unknown.len(), unknown, run, pages })
     }
 
     /// The canonical URL of a page, a duplicate or an alias; `Err` says what the URL is
@@ -481,11 +494,11 @@ impl Pipeline {
 
 /// Where the counters of every run so far are kept, per observer:
 /// [runs, commits, skipped, conflicts, failures, parked].
-pub const STATS_ROW: &[u8] = b"m:stats";
-pub const STATS_COLUMN: &[u8] = b"stats:observers";
+const STATS_ROW: &[u8] = b"m:stats";
+const STATS_COLUMN: &[u8] = b"stats:observers";
 pub type StoredStats = std::collections::BTreeMap<String, [u64; 6]>;
 
-pub fn decode_stats(raw: Option<Bytes>) -> Result<StoredStats> {
+fn decode_stats(raw: Option<Bytes>) -> Result<StoredStats> {
     match raw {
         Some(v) => serde_json::from_slice(&v).context("the stored observer counters are corrupt"),
         None => Ok(StoredStats::default()),

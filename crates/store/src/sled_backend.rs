@@ -94,6 +94,11 @@ fn is_out_of_space(e: &std::io::Error) -> bool {
 }
 
 impl SledStore {
+    /// Whether directory `path` holds a store (sled's `conf` file is the first it writes).
+    pub fn exists(path: impl AsRef<Path>) -> bool {
+        path.as_ref().join("conf").exists()
+    }
+
     /// Opens (or creates) the store in directory `path`.
     pub fn open(path: impl AsRef<Path>, schema: Schema, options: &SledOptions) -> Result<Self> {
         let path = path.as_ref();
