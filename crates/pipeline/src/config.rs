@@ -251,11 +251,12 @@ fn set_key(
 ) -> Result<()> {
     let (section, name) =
         key.split_once('.').ok_or_else(|| anyhow!("{origin}: {key:?} is not section.key"))?;
-    let all: Vec<String> = all_keys(root).into_iter().map(|(s, k)| format!("{s}.{k}")).collect();
-    let slot = root
-        .get_mut(section)
-        .and_then(|s| s.get_mut(name))
-        .ok_or_else(|| unknown(origin, key, all.iter(), None))?;
+    if root.get(section).and_then(|s| s.get(name)).is_none() {
+        let all: Vec<String> =
+            all_keys(root).into_iter().map(|(s, k)| format!("{s}.{k}")).collect();
+        return Err(unknown(origin, key, all.iter(), None));
+    }
+    let slot = root.get_mut(section).and_then(|s| s.get_mut(name)).expect("checked above");
     *slot = typed(slot, raw, origin, key)?;
     origins.insert(key.to_string(), origin.to_string());
     Ok(())
