@@ -3,11 +3,11 @@
 //! - Trigger: `page:redirect` of `p:<source>` (strong).
 //! - Reads: the redirect target ("" if none), and `alias:done` (the target recorded last time).
 //! - Writes: `r:<target>\0<source>` (removing the old target's row), and `alias:done`.
-//! - Notifies: the source's own `rank:dirty` (weakly), when the registration moved. Rank keeps
+//! - Notifies: the source's own `indeg:dirty` (weakly), when the registration moved. InDegree keeps
 //!   the alias sets from the source's side (it counts an alias at the end of its chain), and
-//!   uses these rows to tell the URLs redirecting to a page whose own end changed; a rank run
+//!   uses these rows to tell the URLs redirecting to a page whose own end changed; a indegree run
 //!   of the source that came before this row existed is so followed by one that sees it.
-//!   Chains (a → b → c) resolve in rank.
+//!   Chains (a → b → c) resolve in indegree.
 //! - Twice is harmless: nothing changes when the target equals `alias:done`.
 
 use async_trait::async_trait;
@@ -30,13 +30,13 @@ impl Observer for Alias {
         let Some(source) = model::url_of(row) else { return Ok(()) };
         let redirect = model::Registration {
             key: col::REDIRECT,
-            registered: col::ALIAS_DONE,
+            registered: col::TARGET_REGISTERED,
             child: model::redirect_in,
             child_column: col::ALIAS_FROM,
             notify: None,
         };
         if model::reregister(txn, row, source, &redirect).await? {
-            txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
+            txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
         }
         Ok(())
     }

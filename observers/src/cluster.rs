@@ -1,9 +1,9 @@
 //! cluster: canonical choice per duplicate cluster (SPEC §6.4).
 //!
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes and by
-//!   rank when a member's in-degree or names change).
-//! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `rank:indeg`,
-//!   `page:canonical` and `rank:names`.
+//!   indegree when a member's in-degree or names change).
+//! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `indeg:indeg`,
+//!   `page:canonical` and `indeg:names`.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
 //!   canonical changed. The canonical is the member with the highest in-degree; ties go to the
 //!   shorter URL, then the lexicographically smaller. `cluster:names` on the head: a digest of
@@ -45,7 +45,7 @@ impl Observer for Cluster {
         let members = members(txn, &hash).await?;
         if members.is_empty() {
             model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
-            model::delete_if_present(txn, row, col::CLUSTER_NAMES).await?;
+            model::delete_if_present(txn, row, col::CLUSTER_DIGEST).await?;
             return Ok(());
         }
         let keys: Vec<(Bytes, Bytes)> = members
@@ -84,7 +84,7 @@ impl Observer for Cluster {
             digest.update(b"\n").update(name.as_bytes());
         }
         let digest = Bytes::from(digest.finalize().to_hex().to_string());
-        if model::set_if_changed(txn, row, col::CLUSTER_NAMES, digest).await? {
+        if model::set_if_changed(txn, row, col::CLUSTER_DIGEST, digest).await? {
             txn.notify(model::page(&canonical), Bytes::from_static(col::FWD_DIRTY));
         }
         Ok(())

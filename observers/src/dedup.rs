@@ -29,7 +29,7 @@ impl Observer for Dedup {
         let Some(url) = model::url_of(row) else { return Ok(()) };
         let membership = model::Registration {
             key: col::HASH,
-            registered: col::DEDUP_DONE,
+            registered: col::HASH_REGISTERED,
             child: model::member,
             child_column: col::MEMBER,
             notify: Some((model::cluster_head, col::CLUSTER_DIRTY)),

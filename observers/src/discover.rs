@@ -11,6 +11,7 @@
 //! - Twice is harmless: targets already in the frontier are left alone. Robots.txt is
 //!   checked when the target is fetched (its verdict is recorded on the page).
 
+use crate::IndexError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use perc_crawl::Scope;
@@ -39,7 +40,8 @@ impl Observer for Discover {
         };
         let seeds: Vec<url::Url> =
             config.seeds.iter().filter_map(|s| url::Url::parse(s).ok()).collect();
-        let scope = Scope::new(&seeds, &config.prefixes).map_err(ObserverError::Failed)?;
+        let scope = Scope::new(&seeds, &config.prefixes)
+            .map_err(|e| IndexError::corrupt(String::from_utf8_lossy(col::SCOPE), e))?;
         let mut targets: Vec<(String, Want)> = Vec::new();
         if follow.depth < config.max_depth {
             for l in &follow.links {

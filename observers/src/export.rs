@@ -1,7 +1,7 @@
 //! export: keeps the serving copy of each page current (SPEC §6.6).
 //!
-//! - Trigger: `export:dirty` of `p:<url>` (weak: set by parse, rank, cluster and forward).
-//! - Reads: `page:meta`, `page:canonical`, `rank:indeg`.
+//! - Trigger: `export:dirty` of `p:<url>` (weak: set by parse, indegree, cluster and forward).
+//! - Reads: `page:meta`, `page:canonical`, `indeg:indeg`.
 //! - Writes: `export:line`, the page's JSON line without its inlinks (readers join those from
 //!   the `e:` rows, see [`crate::model::full_line`]), or removes it when the URL is not (or
 //!   no longer) a page.

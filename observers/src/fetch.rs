@@ -9,6 +9,7 @@
 //!   it change nothing when nothing changed. A host whose robots.txt stays unreachable is
 //!   given up by the source, and its URLs are recorded with that reason.
 
+use crate::IndexError;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -33,8 +34,10 @@ impl Observer for Fetch {
     ) -> Result<(), ObserverError> {
         let Some(url) = model::url_of(row) else { return Ok(()) };
         let Some(want) = model::get_json::<Want>(txn, row, col::WANT).await? else { return Ok(()) };
-        let url = url::Url::parse(url)
-            .map_err(|e| ObserverError::Failed(format!("bad row URL {url}: {e}")))?;
+        let url = url::Url::parse(url).map_err(|e| IndexError::BadRow {
+            row: url.into(),
+            problem: format!("not a URL: {e}"),
+        })?;
         let mut head = RawHead { depth: want.depth, hops: want.hops, ..RawHead::default() };
         let body = match self.source.get(&url).await {
             Fetched::Response(r) => {

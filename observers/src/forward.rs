@@ -5,7 +5,7 @@
 //!   the canonical and the names this reads, changed).
 //! - Reads: the page's `page:canonical` and `dedup:registered` (the cluster dedup put it in:
 //!   cluster tells us about registrations, not about a passing `page:hash` dedup has not
-//!   handled yet), the cluster's members, and each member's `rank:names`.
+//!   handled yet), the cluster's members, and each member's `indeg:names`.
 //! - Writes: `fwd:names` = the union of the members' names (pages and aliases), sorted, if
 //!   the page is its cluster's canonical; otherwise removes it. The inlinks themselves stay in
 //!   their `e:` rows, where invert keeps them current; readers join them through these
@@ -36,7 +36,7 @@ impl Observer for Forward {
         // The cluster dedup registered the page in, which is the one cluster reads and tells
         // us about: the page's current hash may be a passing one dedup has not seen yet.
         let hash =
-            String::from_utf8_lossy(&txn.get(row, col::DEDUP_DONE).await?.unwrap_or_default())
+            String::from_utf8_lossy(&txn.get(row, col::HASH_REGISTERED).await?.unwrap_or_default())
                 .into_owned();
         if hash.is_empty() || canonical != url.as_bytes() {
             model::delete_if_present(txn, row, col::FWD_NAMES).await?;

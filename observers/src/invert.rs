@@ -4,10 +4,10 @@
 //! - Reads: the links, and `invert:done` (the links inverted last time).
 //! - Writes: for each target added, or whose anchor changed, `e:<target>\0<source>` =
 //!   anchor; for each target no longer linked, deletes that row; for each edge added or
-//!   removed (to another page), +1 or -1 into `d:<target>\0<source>` (`rank:delta`, which
-//!   only this source's runs, the target's rank and its aliases' rank runs touch, so a page
-//!   every page links to is no hot cell; a 0 is kept, for rank to delete); then `invert:done`.
-//! - Notifies: each affected target's `rank:dirty` (weakly: a page every page links to is a
+//!   removed (to another page), +1 or -1 into `d:<target>\0<source>` (`indeg:delta`, which
+//!   only this source's runs, the target's indegree and its aliases' indegree runs touch, so a page
+//!   every page links to is no hot cell; a 0 is kept, for indegree to delete); then `invert:done`.
+//! - Notifies: each affected target's `indeg:dirty` (weakly: a page every page links to is a
 //!   hot row, and weak notifications never conflict).
 //! - Twice is harmless: the diff against `invert:done` is empty the second time.
 
@@ -38,7 +38,7 @@ impl Observer for Invert {
                 .into_iter()
                 .collect();
         let before: BTreeMap<String, String> =
-            model::get_json::<Vec<(String, String)>>(txn, row, col::INVERT_DONE)
+            model::get_json::<Vec<(String, String)>>(txn, row, col::LINKS_INVERTED)
                 .await?
                 .unwrap_or_default()
                 .into_iter()
@@ -51,7 +51,7 @@ impl Observer for Invert {
         for (target, anchor) in &now {
             if before.get(target) != Some(anchor) {
                 txn.set(model::edge(target, source), Bytes::from_static(col::EDGE), anchor.clone());
-                txn.notify(model::page(target), Bytes::from_static(col::RANK_DIRTY));
+                txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
                 if !before.contains_key(target) {
                     deltas.push((target, 1));
                 }
@@ -60,7 +60,7 @@ impl Observer for Invert {
         for target in before.keys() {
             if !now.contains_key(target) {
                 txn.delete(model::edge(target, source), Bytes::from_static(col::EDGE));
-                txn.notify(model::page(target), Bytes::from_static(col::RANK_DIRTY));
+                txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
                 deltas.push((target, -1));
             }
         }
@@ -71,14 +71,14 @@ impl Observer for Invert {
             .collect();
         let pending = txn.get_many(&keys).await?;
         for ((key, _), ((_, d), old)) in keys.into_iter().zip(deltas.iter().zip(pending)) {
-            // Kept at 0 too: rank deletes the row, and an alias may have marked it.
+            // Kept at 0 too: indegree deletes the row, and an alias may have marked it.
             let n = model::count_of(old)? + d;
             txn.set(key, Bytes::from_static(col::DELTA), n.to_string());
         }
         let done: Vec<(String, String)> = now.into_iter().collect();
         txn.set(
             row.clone(),
-            Bytes::from_static(col::INVERT_DONE),
+            Bytes::from_static(col::LINKS_INVERTED),
             serde_json::to_vec(&done).expect("serializable"),
         );
         Ok(())

@@ -3,10 +3,10 @@
 //!
 //! ```text
 //!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► page:hash ─► dedup ─┐
-//!     (replay writes crawl:raw directly)                 ├─► page:links ─► invert ┤ rank:dirty
+//!     (replay writes crawl:raw directly)                 ├─► page:links ─► invert ┤ indeg:dirty
 //!                                                        ├─► page:redirect ─► alias ┘   │
 //!                                                        └─► page:follow ─► discover    ▼
-//!                        export ◄─ forward ◄─ cluster ◄──────────── cluster:dirty ◄─ rank
+//!                        export ◄─ forward ◄─ cluster ◄──────────── cluster:dirty ◄─ indegree
 //!                        (every stage that changes what a page shows notifies export)
 //! ```
 //!
@@ -21,20 +21,23 @@ pub mod discover;
 pub mod export;
 pub mod fetch;
 pub mod forward;
+pub mod indegree;
 pub mod invert;
+mod load;
 pub mod model;
 pub mod parse;
-pub mod rank;
+mod query;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use perc_crawl::Source;
-use perc_notify::{NotifyKind, Registry, RegistryError};
-use perc_txn::{Client, TxnError};
-use url::Url;
+use perc_notify::{NotifyKind, ObserverError, Registry, RegistryError};
+use perc_txn::TxnError;
 
-use model::{col, CrawlScope, ExportLine, Meta, Want};
+pub use load::{known_urls, load_recorded, refetch, seed};
+pub use query::{canonical, export, export_each, page_count, page_info, report, PageInfo, Report};
+
+use model::col;
 
 /// Every observer of the pipeline, fetching through `source`.
 pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
@@ -45,319 +48,49 @@ pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
     r.register("invert", col::LINKS, NotifyKind::Strong, Arc::new(invert::Invert))?;
     r.register("alias", col::REDIRECT, NotifyKind::Strong, Arc::new(alias::Alias))?;
     r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
-    r.register("rank", col::RANK_DIRTY, NotifyKind::Weak, Arc::new(rank::Rank))?;
+    r.register("indegree", col::INDEG_DIRTY, NotifyKind::Weak, Arc::new(indegree::InDegree))?;
     r.register("cluster", col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
     r.register("forward", col::FWD_DIRTY, NotifyKind::Weak, Arc::new(forward::Forward))?;
     r.register("export", col::EXPORT_DIRTY, NotifyKind::Weak, Arc::new(export::Export))?;
     Ok(r)
 }
 
-/// Rows written per loader transaction.
-const LOAD_BATCH: usize = 100;
+/// Why the index could not do what was asked: the store below failed (a conflict, an
+/// outage, a full disk), or what it holds is not what the pipeline wrote.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error(transparent)]
+    Txn(#[from] TxnError),
+    /// A stored value that cannot be read (`what`: where it is).
+    #[error("the index is corrupt: {what}: {problem}")]
+    Corrupt { what: String, problem: String },
+    /// Stored values that contradict each other (a count below zero): a bug, not bad input.
+    #[error("the index is inconsistent: {0}")]
+    Inconsistent(String),
+    /// A page row whose content an observer cannot work with (its URL does not parse).
+    #[error("{row}: {problem}")]
+    BadRow { row: String, problem: String },
+}
 
-/// Starts (or restarts) a crawl: records its scope, and puts the seeds in the frontier with a
-/// new generation, so that seeds already fetched are fetched again.
-pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<(), TxnError> {
-    client
-        .retrying(async |c| {
-            let mut t = c.begin().await?;
-            t.set(
-                Bytes::from_static(model::CONFIG_ROW),
-                Bytes::from_static(col::SCOPE),
-                serde_json::to_vec(scope).expect("serializable"),
-            );
-            t.commit().await
-        })
-        .await?;
-    for chunk in seeds.chunks(LOAD_BATCH) {
-        client
-            .retrying(async |c| {
-                let mut t = c.begin().await?;
-                let gen = t.start_ts().0;
-                for s in chunk {
-                    let want = Want { depth: 0, gen, hops: 0 };
-                    t.set(
-                        model::page(s.as_str()),
-                        Bytes::from_static(col::WANT),
-                        serde_json::to_vec(&want).expect("serializable"),
-                    );
-                }
-                t.commit().await
-            })
-            .await?;
+impl perc_txn::Retryable for IndexError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, IndexError::Txn(t) if t.is_retryable())
     }
-    Ok(())
 }
 
-/// Fetches known pages again (their want gets a new generation, keeping its depth). Returns
-/// the URLs that are not known.
-pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, TxnError> {
-    let mut unknown = Vec::new();
-    for chunk in urls.chunks(LOAD_BATCH) {
-        let missing = client
-            .retrying(async |c| {
-                let mut t = c.begin().await?;
-                let gen = t.start_ts().0;
-                let mut missing = Vec::new();
-                for u in chunk {
-                    let row = model::page(u.as_str());
-                    match model::get_json::<Want>(&t, &row, col::WANT).await? {
-                        Some(mut want) => {
-                            want.gen = gen;
-                            t.set(
-                                row,
-                                Bytes::from_static(col::WANT),
-                                serde_json::to_vec(&want).expect("serializable"),
-                            );
-                        }
-                        None => missing.push(u.clone()),
-                    }
-                }
-                t.commit().await?;
-                Ok(missing)
-            })
-            .await?;
-        unknown.extend(missing);
+impl IndexError {
+    pub fn corrupt(what: impl Into<String>, problem: impl std::fmt::Display) -> IndexError {
+        IndexError::Corrupt { what: what.into(), problem: problem.to_string() }
     }
-    Ok(unknown)
 }
 
-/// Every URL in the frontier, in order.
-pub async fn known_urls(client: &Client) -> Result<Vec<Url>, TxnError> {
-    let t = client.begin().await?;
-    Ok(t.scan(b"p:", b"p;", col::WANT)
-        .await?
-        .into_iter()
-        .filter_map(|(row, _)| model::url_of(&row).and_then(|u| Url::parse(u).ok()))
-        .collect())
-}
-
-/// Loads recorded responses as if just fetched (depth 0): `perc replay`.
-pub async fn load_recorded(
-    client: &Client,
-    recorded: &[perc_crawl::warc::Recorded],
-) -> Result<(), TxnError> {
-    for chunk in recorded.chunks(LOAD_BATCH) {
-        client
-            .retrying(async |c| {
-                let mut t = c.begin().await?;
-                for r in chunk {
-                    let head = model::RawHead {
-                        status: Some(r.response.status),
-                        content_type: r.response.content_type.clone(),
-                        charset: r.response.charset.clone(),
-                        location: r.response.location.as_ref().map(Url::to_string),
-                        ..model::RawHead::default()
-                    };
-                    t.set(
-                        model::page(r.url.as_str()),
-                        Bytes::from_static(col::RAW),
-                        model::encode_raw(&head, &r.response.body),
-                    );
-                }
-                t.commit().await
-            })
-            .await?;
-    }
-    Ok(())
-}
-
-/// How many pages the export holds (their lines are counted, not read with their inlinks).
-pub async fn page_count(client: &Client) -> Result<usize, TxnError> {
-    let t = client.begin().await?;
-    Ok(t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len())
-}
-
-/// What the index holds, each number saying what it counts (`perc status`, the crawl's
-/// summary), read in one snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Report {
-    /// Pages in the export.
-    pub pages: usize,
-    /// Duplicate clusters of two or more pages.
-    pub duplicate_clusters: usize,
-    /// URLs fetched or loaded (pages or not).
-    pub fetched: usize,
-    /// Of those, the ones that got an HTTP response (not refused by robots.txt, unreachable,
-    /// timed out or over a budget).
-    pub answered: usize,
-    /// URLs in the frontier that have not been fetched yet.
-    pub waiting: usize,
-    /// URLs fetched or loaded that are not pages, by why not (redirects included).
-    pub not_pages: std::collections::BTreeMap<String, usize>,
-    /// Of the URLs asked about ([`report`]'s `seeds`), how many got a response.
-    pub seeds_answered: usize,
-}
-
-/// The index's [`Report`]; `seeds` are the URLs whose answers it checks (a crawl's seeds).
-pub async fn report(client: &Client, seeds: &[Url]) -> Result<Report, TxnError> {
-    let t = client.begin().await?;
-    let mut r =
-        Report { pages: t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len(), ..Report::default() };
-    let members = t.scan(b"c:", b"c;", col::MEMBER).await?;
-    let mut last: Option<&[u8]> = None;
-    let mut size = 0;
-    for (row, _) in &members {
-        let hash = row.split(|b| *b == 0).next().unwrap_or(row);
-        if last != Some(hash) {
-            last = Some(hash);
-            size = 0;
-        }
-        size += 1;
-        if size == 2 {
-            r.duplicate_clusters += 1;
+/// Observers report the store's errors as the framework's (conflicts are retried) and the
+/// index's own as failures (counted, retried with backoff, parked if they persist).
+impl From<IndexError> for ObserverError {
+    fn from(e: IndexError) -> ObserverError {
+        match e {
+            IndexError::Txn(t) => ObserverError::Txn(t),
+            other => ObserverError::Failed(other.to_string()),
         }
     }
-    let seed_rows: std::collections::BTreeSet<Bytes> =
-        seeds.iter().map(|s| model::page(s.as_str())).collect();
-    let metas = t.scan(b"p:", b"p;", col::META).await?;
-    for (row, raw) in &metas {
-        let meta: Meta = serde_json::from_slice(raw)
-            .map_err(|e| TxnError::Corrupt(format!("page meta: {e}")))?;
-        if meta.status.is_some() {
-            r.answered += 1;
-            r.seeds_answered += usize::from(seed_rows.contains(row));
-        }
-        if meta.kind != "page" {
-            *r.not_pages.entry(reason_class(&meta)).or_default() += 1;
-        }
-    }
-    r.fetched = metas.len();
-    let fetched: std::collections::BTreeSet<&Bytes> = metas.iter().map(|(row, _)| row).collect();
-    r.waiting = t
-        .scan(b"p:", b"p;", col::WANT)
-        .await?
-        .iter()
-        .filter(|(row, _)| !fetched.contains(row))
-        .count();
-    Ok(r)
-}
-
-/// Why a URL is not a page, as a label that groups alike reasons (no URLs in it).
-fn reason_class(meta: &Meta) -> String {
-    let reason = meta.reason.as_str();
-    if meta.kind == "redirect" {
-        return "redirect".into();
-    }
-    for (starts, label) in [
-        ("robots.txt unreachable", "robots.txt unreachable (host given up)"),
-        ("disallowed by robots.txt", "disallowed by robots.txt"),
-        ("cannot connect to", "host unreachable"),
-        ("timed out", "timed out"),
-        ("body exceeds", "body over crawl.body_bytes_max"),
-        ("not fetched: this run reached crawl.max_pages", "over crawl.max_pages"),
-        ("not fetched: this run only replays", "not in the replayed WARCs"),
-        ("not HTML", "not HTML"),
-    ] {
-        if reason.starts_with(starts) {
-            return label.into();
-        }
-    }
-    if let Some(rest) = reason.strip_prefix("HTTP ") {
-        let code: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        if !code.is_empty() && !rest[code.len()..].starts_with(" redirect") {
-            return format!("HTTP {code}");
-        }
-    }
-    reason.chars().take(60).collect()
-}
-
-/// The export snapshot: every page's line, in URL order.
-pub async fn export(client: &Client) -> Result<Vec<ExportLine>, TxnError> {
-    let mut out = Vec::new();
-    export_each(client, |line| {
-        out.push(line);
-        Ok::<_, TxnError>(())
-    })
-    .await?;
-    Ok(out)
-}
-
-/// The export, one line at a time in URL order, each handed to `each` as soon as its inlinks
-/// are joined: memory holds the pages' own fields, not every inlink. An error from `each`
-/// stops it and is returned.
-pub async fn export_each<E: From<TxnError>>(
-    client: &Client,
-    mut each: impl FnMut(ExportLine) -> Result<(), E>,
-) -> Result<(), E> {
-    let t = client.begin().await?;
-    let lines: Vec<ExportLine> = t
-        .scan(b"p:", b"p;", col::EXPORT_LINE)
-        .await?
-        .into_iter()
-        .map(|(_, v)| {
-            serde_json::from_slice(&v).map_err(|e| TxnError::Corrupt(format!("export line: {e}")))
-        })
-        .collect::<Result<_, _>>()?;
-    // The canonical pages' inlinks, joined from the e: rows of their fwd:names.
-    let mut lines = lines.into_iter().peekable();
-    while lines.peek().is_some() {
-        let chunk: Vec<ExportLine> = lines.by_ref().take(512).collect();
-        let keys: Vec<(Bytes, Bytes)> = chunk
-            .iter()
-            .map(|l| (model::page(&l.url), Bytes::from_static(col::FWD_NAMES)))
-            .collect();
-        let names = t.get_many(&keys).await?;
-        for (line, names) in chunk.into_iter().zip(names) {
-            each(model::full_line(&t, line, names).await?)?;
-        }
-    }
-    Ok(())
-}
-
-/// What perc knows about one URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PageInfo {
-    Page(ExportLine),
-    /// Fetched (or loaded) but not a page: why.
-    NotAPage(Meta),
-    /// In the frontier, not fetched yet.
-    Pending,
-    Unknown,
-}
-
-pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, TxnError> {
-    let t = client.begin().await?;
-    let row = model::page(url.as_str());
-    if let Some(line) = model::get_json::<ExportLine>(&t, &row, col::EXPORT_LINE).await? {
-        let names = t.get(&row, col::FWD_NAMES).await?;
-        return Ok(PageInfo::Page(model::full_line(&t, line, names).await?));
-    }
-    if let Some(meta) = model::get_json::<Meta>(&t, &row, col::META).await? {
-        return Ok(PageInfo::NotAPage(meta));
-    }
-    if t.get(&row, col::WANT).await?.is_some() || t.get(&row, col::RAW).await?.is_some() {
-        return Ok(PageInfo::Pending);
-    }
-    Ok(PageInfo::Unknown)
-}
-
-/// The canonical URL of a page, of a duplicate, or of an alias (following redirects).
-/// `Err` names what the URL is instead when it has none.
-pub async fn canonical(client: &Client, url: &Url) -> Result<Result<String, String>, TxnError> {
-    let t = client.begin().await?;
-    let mut current = url.to_string();
-    for _ in 0..=rank::ALIAS_HOPS_MAX {
-        let row = model::page(&current);
-        let meta = model::get_json::<Meta>(&t, &row, col::META).await?;
-        match meta {
-            None => {
-                return Ok(Err(if current == url.as_str() {
-                    format!("{url} is not known to this index")
-                } else {
-                    format!("{url} redirects to {current}, which is not known to this index")
-                }))
-            }
-            Some(m) if m.kind == "page" => {
-                let c = t
-                    .get(&row, col::CANONICAL)
-                    .await?
-                    .map(|c| String::from_utf8_lossy(&c).into_owned());
-                return Ok(Ok(c.unwrap_or(current)));
-            }
-            Some(m) if m.kind == "redirect" => current = m.redirect_to.unwrap_or_default(),
-            Some(m) => return Ok(Err(format!("{current} is not a page: {}", m.reason))),
-        }
-    }
-    Ok(Err(format!("{url}: too many redirects")))
 }

@@ -7,14 +7,15 @@
 //!   (what discovery may follow), `page:hash` (content hash, "" unless a page),
 //!   `page:redirect` (the redirect target, "" if none).
 //! - Notifies: dedup (`page:hash`), invert (`page:links`), alias (`page:redirect`), discover
-//!   (`page:follow`); weakly, export when the meta changed and the page's own rank when its
-//!   redirect changed (rank branches on it; alias only notifies the targets).
+//!   (`page:follow`); weakly, export when the meta changed and the page's own indegree when its
+//!   redirect changed (indegree branches on it; alias only notifies the targets).
 //! - Twice is harmless: the same raw record gives the same values, and unchanged values are
 //!   not written, so nothing downstream runs.
 //!
 //! A page is a 2xx `text/html` response; a 3xx with a Location is a redirect (its source
 //! becomes an alias of the target); anything else is recorded with its reason.
 
+use crate::IndexError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
@@ -34,9 +35,12 @@ impl Observer for Parse {
     ) -> Result<(), ObserverError> {
         let Some(url_text) = model::url_of(row) else { return Ok(()) };
         let Some(raw) = txn.get(row, col::RAW).await? else { return Ok(()) };
-        let (head, body) = model::decode_raw(&raw).map_err(ObserverError::Failed)?;
-        let url = url::Url::parse(url_text)
-            .map_err(|e| ObserverError::Failed(format!("bad row URL: {e}")))?;
+        let (head, body) = model::decode_raw(&raw)
+            .map_err(|e| IndexError::corrupt(format!("crawl:raw of {url_text}"), e))?;
+        let url = url::Url::parse(url_text).map_err(|e| IndexError::BadRow {
+            row: url_text.into(),
+            problem: format!("not a URL: {e}"),
+        })?;
         let mut meta = Meta { status: head.status, ..Meta::default() };
         let mut links: Vec<(String, String)> = Vec::new();
         let mut follow = Follow { depth: head.depth, hops: head.hops, ..Follow::default() };
@@ -83,8 +87,6 @@ impl Observer for Parse {
             meta.title = parsed.title;
             meta.noindex = parsed.noindex;
             meta.content_hash = perc_crawl::content_hash(&body);
-            meta.canonical_hint = parsed.canonical.map(|u| u.to_string());
-            meta.refresh = parsed.refresh.map(|u| u.to_string());
             meta.encoding = parsed.encoding.to_string();
             meta.long_links_dropped = parsed.long_links as u32;
             for link in parsed.links {
@@ -104,9 +106,9 @@ impl Observer for Parse {
         model::set_if_changed(txn, row, col::HASH, Bytes::from(meta.content_hash.clone())).await?;
         let redirect = meta.redirect_to.clone().unwrap_or_default();
         if model::set_if_changed(txn, row, col::REDIRECT, Bytes::from(redirect)).await? {
-            // rank decides from this whether the page is an alias (and alias tells it again
+            // indegree decides from this whether the page is an alias (and alias tells it again
             // once the redirect's registration is written).
-            txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
+            txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
         }
         Ok(())
     }

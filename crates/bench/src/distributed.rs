@@ -84,7 +84,7 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
             shared.clone(),
             clock.clone(),
             30_000,
-            &client.worker().to_string(),
+            &client.id().to_string(),
         ));
         let nc = NotifyConfig { gc_interval_ms: 0, ..NotifyConfig::default() };
         let engine = Arc::new(Engine::with_lease(client, registry, nc, lease));

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use perc_cli::site;
-use perc_pipeline::{config, Fetching, Interrupted, Pipeline};
+use perc_pipeline::{config, Create, Fetching, Pipeline, PipelineError};
 
 /// A line on stdout. A closed stdout (`perc status | head -1`) is an error that `main` turns
 /// into a quiet exit, the way Unix tools end on a broken pipe.
@@ -151,7 +151,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli, stop)) {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) if e.is::<Interrupted>() => {
+        Err(e) if matches!(e.downcast_ref(), Some(PipelineError::Interrupted)) => {
             say!(
                 "perc: interrupted; everything done so far is saved. Run the same command again \
                  to resume."
@@ -259,30 +259,16 @@ fn read_seeds(path: &Path, seeds_max: u64) -> Result<Vec<Url>> {
 const SEED_LINE_BYTES_MAX: usize = 8192;
 
 /// Opens the store for a command that only reads or adds to an index that exists: a store
-/// directory that does not exist (a typo in --data, most likely) is "no perc store", not a
-/// new empty one.
-async fn open_existing(
-    config: config::Config,
-    fetching: Fetching,
-) -> Result<Result<Pipeline, String>> {
-    if !Pipeline::exists(&config) {
-        return Ok(Err(format!(
-            "no perc store at {} (perc crawl and perc replay create one; --data picks another)",
-            config.store.data
-        )));
-    }
-    Ok(Ok(Pipeline::open(config, fetching).await?))
-}
-
-/// `open_existing`, or the exit it calls for.
+/// directory that does not exist (a typo in --data, most likely) is "no perc store", exit 1.
 macro_rules! existing {
     ($config:expr, $fetching:expr) => {
-        match open_existing($config, $fetching).await? {
+        match Pipeline::open($config, $fetching, Create::No).await {
             Ok(app) => app,
-            Err(why) => {
-                say!("{why}");
+            Err(e @ PipelineError::NoStore { .. }) => {
+                say!("{e}");
                 return Ok(ExitCode::from(1));
             }
+            Err(e) => return Err(e.into()),
         }
     };
 }
@@ -292,15 +278,11 @@ async fn run(cli: Cli, stop: CancellationToken) -> Result<ExitCode> {
     let where_ = match config.store.backend {
         config::Backend::Sled => format!("the store at {}", config.store.data),
         config::Backend::Bigtable => format!("the Bigtable table {}", config.bigtable.table),
+        config::Backend::Memory => "the memory store".to_string(),
     };
     dispatch(cli.command, config, stop).await.map_err(|e| {
         // A full disk is the user's to fix: say where, once, and that nothing is lost.
-        if e.chain().any(|c| {
-            matches!(
-                c.downcast_ref::<perc_store::StoreError>(),
-                Some(perc_store::StoreError::OutOfSpace { .. })
-            ) || c.downcast_ref::<perc_txn::TxnError>().is_some_and(|t| t.out_of_space().is_some())
-        }) {
+        if let Some(PipelineError::OutOfSpace(_)) = e.downcast_ref() {
             anyhow!(
                 "no space left on device writing {where_}; what was stored before is intact: \
                  free some space and run the same command again"
@@ -324,7 +306,9 @@ async fn dispatch(
                 .as_deref()
                 .map(|p| perc_crawl::warc::Recorder::create(p, append))
                 .transpose()?;
-            let app = Pipeline::open(config, Fetching::Live { warc_out: recorder }).await?;
+            let app =
+                Pipeline::open(config, Fetching::Live { warc_out: recorder }, Create::IfMissing)
+                    .await?;
             let result = crawl(&app, &seeds, &scope, &stop).await;
             app.close().await?;
             result
@@ -333,7 +317,7 @@ async fn dispatch(
             if files.is_empty() {
                 bail!("replay needs at least one WARC file");
             }
-            let app = Pipeline::open(config, Fetching::Offline).await?;
+            let app = Pipeline::open(config, Fetching::Offline, Create::IfMissing).await?;
             let result = replay(&app, &files, &stop).await;
             app.close().await?;
             result
@@ -514,12 +498,18 @@ async fn write_export(app: &Pipeline, out: &Path) -> Result<usize> {
 
 /// The export as JSON Lines into `w`; returns the number of lines.
 async fn export_lines(app: &Pipeline, w: &mut impl Write) -> Result<usize> {
-    app.export(|l| {
-        serde_json::to_writer(&mut *w, &l)?;
-        w.write_all(b"\n")?;
-        Ok(())
-    })
-    .await
+    let n = app
+        .export(|l| {
+            serde_json::to_writer(&mut *w, &l)
+                .map_err(std::io::Error::from)
+                .and_then(|()| w.write_all(b"\n"))
+                .map_err(|source| PipelineError::Io {
+                    what: "cannot write the export".into(),
+                    source,
+                })
+        })
+        .await?;
+    Ok(n)
 }
 
 /// The "not pages" line: each reason with its count, most frequent first.
@@ -612,8 +602,8 @@ async fn oracle(
     listen: &str,
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
-    let store = perc_pipeline::open_store(&config).await?;
-    let oracle = perc_oracle::LocalOracle::open(store, config.txn.oracle_block).await?;
+    let store = perc_pipeline::open_store(&config, Create::IfMissing).await?;
+    let oracle = perc_oracle::LocalOracle::open(store, config.oracle.block).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -628,7 +618,7 @@ async fn oracle(
 }
 
 async fn worker(config: config::Config, stop: &CancellationToken) -> Result<ExitCode> {
-    let app = Pipeline::open(config, Fetching::Live { warc_out: None }).await?;
+    let app = Pipeline::open(config, Fetching::Live { warc_out: None }, Create::IfMissing).await?;
     out!("worker {} running", app.worker_id());
     std::io::stdout().flush()?;
     let worked = app.work(stop).await;
@@ -649,7 +639,7 @@ async fn demo(config: config::Config, site: &Path, stop: &CancellationToken) -> 
     out!("serving {} at {base}", site.display());
     let seeds = std::slice::from_ref(&base);
     let scope = crawl_scope(&config, seeds, &[])?;
-    let app = Pipeline::open(config, Fetching::Live { warc_out: None }).await?;
+    let app = Pipeline::open(config, Fetching::Live { warc_out: None }, Create::IfMissing).await?;
     crawl(&app, seeds, &scope, stop).await?;
     out!();
     for path in

@@ -407,7 +407,7 @@ fn config_values_that_would_hang_are_refused() {
     let data = tmp.path().join("store");
     let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
     for (set, want) in [
-        ("txn.oracle_block=0", "txn.oracle_block = 0 is out of range"),
+        ("oracle.block=0", "oracle.block = 0 is out of range"),
         ("store.cache_bytes=0", "store.cache_bytes = 0 is out of range"),
         ("workers.scan_batch=0", "workers.scan_batch = 0 is out of range"),
         ("workers.scanners=0", "workers.scanners = 0 leaves nobody to run the observers"),

@@ -38,9 +38,9 @@ pub struct ParsedPage {
     pub noindex: bool,
     /// Robots meta `nofollow` or `none` (then no link is followed).
     pub nofollow: bool,
-    /// `<link rel="canonical">`, resolved: recorded, not yet used.
+    /// `<link rel="canonical">`, resolved (the index does not use it yet: SPEC v2, issue #10).
     pub canonical: Option<Url>,
-    /// `<meta http-equiv="refresh">`'s target, resolved: recorded, not yet used.
+    /// `<meta http-equiv="refresh">`'s target, resolved (not used yet: issue #10).
     pub refresh: Option<Url>,
     /// Links left out for their length ([`crate::urls::link_fits`]).
     pub long_links: usize,

@@ -3,7 +3,22 @@
 //! (`PERC_*` variables included), values of the wrong type and values out of their range are
 //! errors that name the key, the value and where it came from.
 
-use anyhow::{anyhow, bail, Context, Result};
+/// A configuration that cannot be used; the message names the key, the value and where it
+/// came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+type Result<T, E = ConfigError> = std::result::Result<T, E>;
+
+/// A [`ConfigError`] from a format string.
+macro_rules! bad {
+    ($($arg:tt)*) => { ConfigError(format!($($arg)*)) };
+}
+
+macro_rules! bail {
+    ($($arg:tt)*) => { return Err(bad!($($arg)*)) };
+}
 use serde::Deserialize;
 use toml::Value;
 
@@ -26,6 +41,9 @@ pub struct Config {
 pub enum Backend {
     Sled,
     Bigtable,
+    /// Nothing touches disk: the index lives as long as the process (throwaway runs,
+    /// `perc replay --expect`).
+    Memory,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -58,6 +76,8 @@ pub struct Oracle {
     pub server: String,
     /// How long a client keeps reconnecting to a server that went away.
     pub reconnect_for_ms: u64,
+    /// Timestamps an embedded oracle reserves per durable write of its high-water mark.
+    pub block: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -85,11 +105,17 @@ pub struct Crawl {
 pub struct Txn {
     pub lock_ttl_ms: u64,
     pub liveness_ttl_ms: u64,
-    pub oracle_block: u64,
+}
+
+impl Config {
+    /// The embedded defaults alone (`config/default.toml`).
+    pub fn defaults() -> Config {
+        load(None, &[], &[]).expect("the embedded defaults are valid")
+    }
 }
 
 fn parse_toml(text: &str, origin: &str) -> Result<Value> {
-    text.parse::<Value>().map_err(|e| anyhow!("{origin}: not valid TOML: {e}"))
+    text.parse::<Value>().map_err(|e| bad!("{origin}: not valid TOML: {e}"))
 }
 
 /// Where each key's value came from, for error messages.
@@ -134,7 +160,11 @@ fn unknown<'a>(
     key: &str,
     known: impl Iterator<Item = &'a String>,
     section: Option<&str>,
-) -> anyhow::Error {
+) -> ConfigError {
+    let flat = key.to_ascii_lowercase().replace('_', ".");
+    if let Some((old, new)) = RENAMED.iter().find(|(old, _)| old.replace('_', ".") == flat) {
+        return bad!("{origin}: {old} is now {new}");
+    }
     let last = match section {
         Some(s) => key.strip_prefix(s).and_then(|k| k.strip_prefix('.')).unwrap_or(key),
         None => key,
@@ -146,11 +176,14 @@ fn unknown<'a>(
     match closest {
         Some((_, k)) => {
             let fixed = section.map_or_else(|| k.clone(), |s| format!("{s}.{k}"));
-            anyhow!("{origin}: unknown configuration key {key:?} (did you mean {fixed:?}?)")
+            bad!("{origin}: unknown configuration key {key:?} (did you mean {fixed:?}?)")
         }
-        None => anyhow!("{origin}: unknown configuration key {key:?}"),
+        None => bad!("{origin}: unknown configuration key {key:?}"),
     }
 }
+
+/// Keys that moved, with where they are now.
+const RENAMED: &[(&str, &str)] = &[("txn.oracle_block", "oracle.block")];
 
 /// Levenshtein distance, for suggestions.
 fn edit_distance(a: &str, b: &str) -> usize {
@@ -201,7 +234,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("workers.seed", 0, i64::MAX),
     ("txn.lock_ttl_ms", 100, i64::MAX),
     ("txn.liveness_ttl_ms", 100, i64::MAX),
-    ("txn.oracle_block", 1, i64::MAX),
+    ("oracle.block", 1, i64::MAX),
 ];
 
 fn check_ranges(root: &Value, origins: &Origins) -> Result<()> {
@@ -226,7 +259,7 @@ fn check_ranges(root: &Value, origins: &Origins) -> Result<()> {
 
 /// Parses a command-line or environment value as the type the key already has.
 fn typed(like: &Value, raw: &str, origin: &str, key: &str) -> Result<Value> {
-    let bad = || anyhow!("{origin}: {key} must be a {}, not {raw:?}", like.type_str());
+    let bad = || bad!("{origin}: {key} must be a {}, not {raw:?}", like.type_str());
     Ok(match like {
         Value::String(_) => Value::String(raw.to_string()),
         Value::Integer(_) => Value::Integer(raw.trim().parse().map_err(|_| bad())?),
@@ -250,7 +283,7 @@ fn set_key(
     origins: &mut Origins,
 ) -> Result<()> {
     let (section, name) =
-        key.split_once('.').ok_or_else(|| anyhow!("{origin}: {key:?} is not section.key"))?;
+        key.split_once('.').ok_or_else(|| bad!("{origin}: {key:?} is not section.key"))?;
     if root.get(section).and_then(|s| s.get(name)).is_none() {
         let all: Vec<String> =
             all_keys(root).into_iter().map(|(s, k)| format!("{s}.{k}")).collect();
@@ -288,7 +321,7 @@ pub fn load(
     if let Some(path) = file {
         let origin = path.display().to_string();
         let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the config file {origin}"))?;
+            .map_err(|e| bad!("cannot read the config file {origin}: {e}"))?;
         merge(&mut root, parse_toml(&text, &origin)?, &origin, "", &mut origins)?;
     }
     // PERC_<SECTION>_<KEY>: matched against the keys that exist, so names stay exact; any
@@ -309,17 +342,17 @@ pub fn load(
                     keys.iter().map(|(s, k)| format!("{s}_{k}").to_ascii_uppercase()).collect();
                 let mut e = unknown(&origin, rest, known.iter(), None).to_string();
                 e.push_str(" (PERC_<SECTION>_<KEY> sets a configuration key)");
-                bail!(e);
+                return Err(ConfigError(e));
             }
         }
     }
     for s in sets {
         let (key, value) =
-            s.split_once('=').ok_or_else(|| anyhow!("--set {s:?}: expected section.key=value"))?;
+            s.split_once('=').ok_or_else(|| bad!("--set {s:?}: expected section.key=value"))?;
         set_key(&mut root, key.trim(), value, &format!("--set {key}"), &mut origins)?;
     }
     check_ranges(&root, &origins)?;
-    root.try_into().map_err(|e: toml::de::Error| anyhow!("configuration: {e}"))
+    root.try_into().map_err(|e: toml::de::Error| bad!("configuration: {e}"))
 }
 
 /// `PERC_` variables that are not configuration keys: the tests' and tools' own.
@@ -370,9 +403,19 @@ mod tests {
     #[test]
     fn out_of_range_values_name_key_value_range_and_origin() {
         for (set, want) in [
-            ("txn.oracle_block=0", "--set txn.oracle_block: txn.oracle_block = 0 is out of range: it must be at least 1"),
-            ("store.cache_bytes=0", "store.cache_bytes = 0 is out of range: it must be at least 1048576"),
-            ("workers.scan_batch=0", "workers.scan_batch = 0 is out of range: it must be 1 to 1000000"),
+            (
+                "oracle.block=0",
+                "--set oracle.block: oracle.block = 0 is out of range: it must be at least 1",
+            ),
+            ("txn.oracle_block=5", "--set txn.oracle_block: txn.oracle_block is now oracle.block"),
+            (
+                "store.cache_bytes=0",
+                "store.cache_bytes = 0 is out of range: it must be at least 1048576",
+            ),
+            (
+                "workers.scan_batch=0",
+                "workers.scan_batch = 0 is out of range: it must be 1 to 1000000",
+            ),
             ("crawl.concurrency_max=0", "crawl.concurrency_max = 0 is out of range"),
         ] {
             let e = load(None, &[], &[set.to_string()]).unwrap_err().to_string();

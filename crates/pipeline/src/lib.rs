@@ -4,35 +4,27 @@
 //! wiring the layers themselves.
 
 pub mod config;
+mod error;
+mod open;
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
-use perc_crawl::warc::{Recorded, Recorder, WarcIssue};
-use perc_crawl::{
-    Budget, Crawler, FetchLimits, Fetcher, HttpFetcher, Offline, Polite, PolitenessConfig,
-    Recording, RobotsCache, Source,
-};
-use perc_notify::{client_for, Engine, FailedEntry, ObserverStats, RowLease, StoreLease, Workers};
+use perc_crawl::warc::{Recorded, WarcIssue};
+use perc_notify::{Engine, FailedEntry, ObserverStats, Workers};
 use perc_observers::model::CrawlScope;
-use perc_observers::Report;
-use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
-use perc_store::{SledOptions, SledStore, Store};
-use perc_txn::{Client, Clock, SystemClock, TxnConfig};
+use perc_observers::{IndexError, Report};
+use perc_store::Store;
+use perc_txn::Client;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
-pub use crate::config::{Backend, Config};
-
-/// A run stopped by SIGINT or SIGTERM: what it did is saved, and running the same command
-/// again resumes it.
-#[derive(Debug, thiserror::Error)]
-#[error("interrupted")]
-pub struct Interrupted;
+pub use crate::config::{Backend, Config, ConfigError};
+pub use crate::error::{PipelineError, Result};
+pub use crate::open::{open_oracle, open_store, Builder, Create, Fetching};
 
 pub struct Pipeline {
     pub store: Arc<dyn Store>,
@@ -41,114 +33,10 @@ pub struct Pipeline {
     pub config: Config,
 }
 
-/// Where the fetch observer gets pages.
-pub enum Fetching {
-    /// The live web (robots.txt, politeness), optionally recording a WARC.
-    Live { warc_out: Option<Recorder> },
-    /// Nothing is fetched: a URL not already loaded is recorded as not available.
-    Offline,
-}
-
-fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
-    let Fetching::Live { warc_out } = fetching else { return Ok(Arc::new(Offline)) };
-    let c = &config.crawl;
-    let limits = FetchLimits {
-        connect_timeout_ms: c.connect_timeout_ms,
-        total_timeout_ms: c.total_timeout_ms,
-        body_bytes_max: c.body_bytes_max,
-        user_agent: c.user_agent.clone(),
-    };
-    let politeness = PolitenessConfig {
-        concurrency_max: c.concurrency_max,
-        host_delay_ms: c.host_delay_ms,
-        delay_cap_ms: c.delay_cap_ms,
-    };
-    let http = HttpFetcher::new(limits).map_err(|e| anyhow!("cannot set up HTTP: {e}"))?;
-    let fetcher: Arc<dyn Fetcher> = match warc_out {
-        Some(recorder) => Arc::new(Recording::new(http, recorder, c.user_agent.clone())),
-        None => Arc::new(http),
-    };
-    let polite = Arc::new(Polite::new(fetcher, politeness));
-    let robots = RobotsCache::new(
-        polite.clone(),
-        c.user_agent.clone(),
-        c.robots_ttl_ms,
-        c.robots_retry_ms,
-        c.robots_attempts,
-    );
-    let crawler: Arc<dyn Source> = Arc::new(Crawler::new(polite, robots));
-    if c.max_pages == 0 {
-        return Ok(crawler);
-    }
-    Ok(Arc::new(Budget::new(crawler, c.max_pages)))
-}
-
 impl Pipeline {
-    /// Whether the configured store exists. Only a crawl or a replay should create one: for
-    /// any other command a missing store is a mistake (a typo in `--data`), not an empty
-    /// index. A shared Bigtable table always counts as existing (perc creates it on open).
-    pub fn exists(config: &Config) -> bool {
-        config.store.backend != Backend::Sled || SledStore::exists(&config.store.data)
-    }
-
-    /// Opens the configured store, creating it if it does not exist, and assembles the
-    /// process around it.
-    pub async fn open(config: Config, fetching: Fetching) -> Result<Pipeline> {
-        if config.store.backend == Backend::Sled && config.workers.scanners == 0 {
-            anyhow::bail!(
-                "workers.scanners = 0 leaves nobody to run the observers of the embedded store \
-                 (store.backend = \"sled\"): it must be at least 1 (0 is for processes that \
-                 only load a shared Bigtable store)"
-            );
-        }
-        let store = open_store(&config).await?;
-        let oracle = open_oracle(&config, &store).await?;
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        if config.store.backend == Backend::Sled {
-            // The embedded store admits one process: every worker registered in it belongs to
-            // a process that ended (killed, most likely), and its locks may go at once.
-            let gone =
-                perc_txn::Liveness::new(store.clone(), clock.clone(), 0).forget_all().await?;
-            if gone > 0 {
-                tracing::info!(
-                    workers = gone,
-                    "cleared the liveness of workers of an ended process"
-                );
-            }
-        }
-        let registry = Arc::new(perc_observers::registry(source(&config, fetching)?)?);
-        let txn = TxnConfig {
-            lock_ttl_ms: config.txn.lock_ttl_ms,
-            liveness_ttl_ms: config.txn.liveness_ttl_ms,
-            ..TxnConfig::default()
-        };
-        // Observer runs are acknowledged to nobody: they need not flush at their commit point
-        // (see TxnConfig::sync_commits); the loaders' commits do, and `close` syncs the rest.
-        let relaxed = TxnConfig { sync_commits: false, ..txn.clone() };
-        let engine_client =
-            client_for(store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
-                .await?;
-        let client =
-            client_for(store.clone(), oracle, clock.clone(), txn, registry.clone()).await?;
-        // Many processes share a Bigtable table: they lease notifications in the store.
-        let lease: Arc<dyn RowLease> = match config.store.backend {
-            Backend::Sled => Arc::new(perc_notify::LocalLease::default()),
-            Backend::Bigtable => Arc::new(StoreLease::new(
-                store.clone(),
-                clock.clone(),
-                config.workers.lease_ttl_ms,
-                &engine_client.worker().to_string(),
-            )),
-        };
-        let engine =
-            Arc::new(Engine::with_lease(engine_client, registry, config.workers.clone(), lease));
-        engine.load_parked().await?;
-        Ok(Pipeline { store, client, engine, config })
-    }
-
     /// Runs the workers until no notification is pending; shows progress on a terminal.
     /// When `stop` is cancelled (SIGINT, SIGTERM) it stops taking new work, lets the runs in
-    /// flight finish, saves the counters and returns [`Interrupted`].
+    /// flight finish, saves the counters and returns [`PipelineError::Interrupted`].
     pub async fn run_until_quiet(
         &self,
         what: &str,
@@ -195,7 +83,7 @@ impl Pipeline {
         let summary = summarize(&self.engine.stats());
         self.save_stats().await?;
         if interrupted {
-            return Err(Interrupted.into());
+            return Err(PipelineError::Interrupted);
         }
         Ok(RunSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
     }
@@ -227,6 +115,7 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Deregisters this process's clients and makes every commit durable.
     pub async fn close(self) -> Result<()> {
         self.client.deregister().await?;
         self.engine.client().deregister().await?;
@@ -234,75 +123,6 @@ impl Pipeline {
         self.store.sync().await?;
         Ok(())
     }
-}
-
-/// The configured store: sled in `store.data`, or the Bigtable table.
-pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>> {
-    match config.store.backend {
-        Backend::Sled => {
-            let data = Path::new(&config.store.data);
-            std::fs::create_dir_all(data)
-                .with_context(|| format!("cannot create the data directory {}", data.display()))?;
-            let sled = SledStore::open(
-                data,
-                perc_notify::schema(),
-                &SledOptions { cache_bytes: config.store.cache_bytes, flush_every_ms: 500 },
-            )
-            .map_err(|e| anyhow!("{e} (is another perc process using {}?)", data.display()))?;
-            Ok(Arc::new(sled))
-        }
-        Backend::Bigtable => open_bigtable(config).await,
-    }
-}
-
-#[cfg(feature = "bigtable")]
-async fn open_bigtable(config: &Config) -> Result<Arc<dyn Store>> {
-    let b = &config.bigtable;
-    if b.emulator.is_empty() && (b.project.is_empty() || b.instance.is_empty()) {
-        anyhow::bail!(
-            "store.backend = \"bigtable\" needs bigtable.project and bigtable.instance \
-             (or bigtable.emulator for a local emulator)"
-        );
-    }
-    let bt = perc_bigtable::BigtableConfig {
-        project: if b.project.is_empty() { "perc".into() } else { b.project.clone() },
-        instance: if b.instance.is_empty() { "perc".into() } else { b.instance.clone() },
-        table: b.table.clone(),
-        emulator: (!b.emulator.is_empty()).then(|| b.emulator.clone()),
-        channels: b.channels,
-        timeout_ms: b.timeout_ms,
-    };
-    let store = perc_bigtable::BigtableStore::open(&bt, perc_notify::schema())
-        .await
-        .with_context(|| format!("cannot open the Bigtable table {}", b.table))?;
-    Ok(Arc::new(store))
-}
-
-#[cfg(not(feature = "bigtable"))]
-async fn open_bigtable(_config: &Config) -> Result<Arc<dyn Store>> {
-    anyhow::bail!(
-        "store.backend = \"bigtable\", but this perc was built without Bigtable support: \
-         build it with `cargo build --release -p perc-cli --features bigtable`"
-    )
-}
-
-/// The configured oracle: a `perc oracle` server, or one in this process (sled only: a shared
-/// store needs a single oracle for every process).
-pub async fn open_oracle(config: &Config, store: &Arc<dyn Store>) -> Result<Arc<dyn Oracle>> {
-    if !config.oracle.server.is_empty() {
-        let client = perc_oracle::ClientConfig {
-            reconnect_for_ms: config.oracle.reconnect_for_ms,
-            ..perc_oracle::ClientConfig::default()
-        };
-        return Ok(Arc::new(RemoteOracle::connect(&config.oracle.server, client).await?));
-    }
-    if config.store.backend == Backend::Bigtable {
-        anyhow::bail!(
-            "store.backend = \"bigtable\" is shared by many processes, which need one timestamp \
-             oracle: run `perc oracle --listen HOST:PORT` and set oracle.server to it"
-        );
-    }
-    Ok(Arc::new(LocalOracle::open(store.clone(), config.txn.oracle_block).await?))
 }
 
 /// Responses a replay loads per transaction batch.
@@ -318,13 +138,13 @@ pub fn crawl_scope(
 ) -> Result<(CrawlScope, Vec<Url>)> {
     let mut all_prefixes = config.crawl.prefixes.clone();
     all_prefixes.extend(prefixes.iter().cloned());
-    let scope = perc_crawl::Scope::new(seeds, &all_prefixes).map_err(|e| anyhow!(e))?;
+    let scope = perc_crawl::Scope::new(seeds, &all_prefixes).map_err(PipelineError::Input)?;
     let outside: Vec<Url> = seeds.iter().filter(|s| !scope.contains(s)).cloned().collect();
     if !all_prefixes.is_empty() && outside.len() == seeds.len() {
-        anyhow::bail!(
+        return Err(PipelineError::Input(format!(
             "no seed is inside the scope prefixes ({}): nothing could be crawled",
             all_prefixes.join(", ")
-        );
+        )));
     }
     let scope = CrawlScope {
         seeds: seeds.iter().map(Url::to_string).collect(),
@@ -408,13 +228,14 @@ impl Pipeline {
             loop {
                 let batch = tokio::select! {
                     b = rx.recv() => b,
-                    _ = stop.cancelled() => return Err(Interrupted.into()),
+                    _ = stop.cancelled() => return Err(PipelineError::Interrupted),
                 };
                 let Some(batch) = batch else { break };
                 loaded += batch.len();
                 perc_observers::load_recorded(&self.client, &batch).await?;
             }
-            issues.extend(reading.await??);
+            let read = reading.await.expect("the WARC reader does not panic");
+            issues.extend(read.map_err(PipelineError::io(format!("cannot read {}", f.display())))?);
         }
         let run = self.run_until_quiet("replay", stop).await?;
         let pages = perc_observers::page_count(&self.client).await?;
@@ -476,8 +297,8 @@ impl Pipeline {
     }
 
     /// This process's worker id, as other processes see it in locks and leases.
-    pub fn worker_id(&self) -> perc_txn::WorkerId {
-        self.engine.client().worker()
+    pub fn worker_id(&self) -> perc_txn::ClientId {
+        self.engine.client().id()
     }
 
     /// The index's report, the pending notifications, the stored counters and the parked
@@ -498,9 +319,10 @@ const STATS_ROW: &[u8] = b"m:stats";
 const STATS_COLUMN: &[u8] = b"stats:observers";
 pub type StoredStats = std::collections::BTreeMap<String, [u64; 6]>;
 
-fn decode_stats(raw: Option<Bytes>) -> Result<StoredStats> {
+fn decode_stats(raw: Option<Bytes>) -> Result<StoredStats, IndexError> {
     match raw {
-        Some(v) => serde_json::from_slice(&v).context("the stored observer counters are corrupt"),
+        Some(v) => serde_json::from_slice(&v)
+            .map_err(|e| IndexError::corrupt("the stored observer counters", e)),
         None => Ok(StoredStats::default()),
     }
 }

@@ -19,7 +19,7 @@ use perc_store::{
 };
 
 use crate::liveness::Liveness;
-use crate::record::{CellKey, LockRecord, WorkerId, WriteKind, WriteRecord};
+use crate::record::{CellKey, ClientId, LockRecord, WriteKind, WriteRecord};
 use crate::TxnError;
 
 /// `data`: the value written by the transaction that started at the cell's timestamp.
@@ -67,7 +67,7 @@ impl CellWrite {
 #[derive(Clone, Debug)]
 pub struct LockInfo {
     pub primary: CellKey,
-    pub owner: WorkerId,
+    pub owner: ClientId,
     pub wall_ms: u64,
     pub ttl_ms: u64,
 }

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use perc_oracle::OracleError;
 use perc_store::{StoreError, Ts};
 
-use crate::record::WorkerId;
+use crate::record::ClientId;
 
 /// Bytes shown as text where they are text, escaped where they are not.
 pub(crate) fn show(b: &Bytes) -> String {
@@ -31,7 +31,7 @@ pub enum TxnError {
         show(row),
         show(column)
     )]
-    LockConflict { row: Bytes, column: Bytes, start_ts: Ts, lock_ts: Ts, owner: WorkerId },
+    LockConflict { row: Bytes, column: Bytes, start_ts: Ts, lock_ts: Ts, owner: ClientId },
 
     #[error(
         "gave up waiting after {waited_ms} ms for the lock of {lock_ts} on {}/{} held by the \
@@ -39,7 +39,7 @@ pub enum TxnError {
         show(row),
         show(column)
     )]
-    LockWaitTimeout { row: Bytes, column: Bytes, lock_ts: Ts, owner: WorkerId, waited_ms: u64 },
+    LockWaitTimeout { row: Bytes, column: Bytes, lock_ts: Ts, owner: ClientId, waited_ms: u64 },
 
     #[error("the transaction that started at {start_ts} was rolled back before it committed")]
     RolledBack { start_ts: Ts },
@@ -74,5 +74,17 @@ impl TxnError {
                 | TxnError::LockWaitTimeout { .. }
                 | TxnError::RolledBack { .. }
         )
+    }
+}
+
+/// An error that may say "try again in a new transaction": [`TxnError`], and the errors of
+/// layers above that wrap it ([`Client::retrying`](crate::Client::retrying) retries them).
+pub trait Retryable {
+    fn is_retryable(&self) -> bool;
+}
+
+impl Retryable for TxnError {
+    fn is_retryable(&self) -> bool {
+        TxnError::is_retryable(self)
     }
 }

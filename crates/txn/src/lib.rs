@@ -40,9 +40,9 @@ use rand::{Rng, SeedableRng};
 
 pub use actions::{CellWrite, Resolution, TxnStatus};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::TxnError;
+pub use error::{Retryable, TxnError};
 pub use liveness::Liveness;
-pub use record::{LockRecord, WorkerId, WriteKind, WriteRecord};
+pub use record::{ClientId, LockRecord, WriteKind, WriteRecord};
 
 use actions::{data_col, lock_col, write_col, LockInfo};
 
@@ -98,7 +98,8 @@ impl Default for TxnConfig {
     }
 }
 
-/// A worker's handle for running transactions. Cheap to clone.
+/// A handle for running transactions: one registered participant (a [`ClientId`] with a
+/// liveness row). Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -109,7 +110,7 @@ struct Inner {
     oracle: Arc<dyn Oracle>,
     clock: Arc<dyn Clock>,
     liveness: Liveness,
-    worker: WorkerId,
+    id: ClientId,
     config: TxnConfig,
     watch: Arc<dyn Watch>,
     last_heartbeat_ms: AtomicU64,
@@ -122,7 +123,7 @@ struct Inner {
 }
 
 impl Client {
-    /// Registers a new worker (its id is a fresh oracle timestamp, so unique) and returns its
+    /// Registers a new client (its id is a fresh oracle timestamp, so unique) and returns its
     /// client.
     pub async fn new(
         store: Arc<dyn Store>,
@@ -142,12 +143,12 @@ impl Client {
         watch: Arc<dyn Watch>,
     ) -> Result<Client, TxnError> {
         let first = oracle.next().await?;
-        let worker = WorkerId(first.0);
+        let id = ClientId(first.0);
         let liveness = Liveness::new(store.clone(), clock.clone(), config.liveness_ttl_ms);
         // Every later start_ts comes from the oracle after this one: `first` is a valid low
         // watermark from the moment the row exists.
-        liveness.heartbeat(worker, first).await?;
-        let rng = SmallRng::seed_from_u64(config.seed ^ worker.0);
+        liveness.heartbeat(id, first).await?;
+        let rng = SmallRng::seed_from_u64(config.seed ^ id.0);
         Ok(Client {
             inner: Arc::new(Inner {
                 last_heartbeat_ms: AtomicU64::new(clock.now_ms()),
@@ -155,7 +156,7 @@ impl Client {
                 oracle,
                 clock,
                 liveness,
-                worker,
+                id,
                 config,
                 watch,
                 active: Mutex::new(BTreeMap::new()),
@@ -165,8 +166,9 @@ impl Client {
         })
     }
 
-    pub fn worker(&self) -> WorkerId {
-        self.inner.worker
+    /// This client's identity in locks (as their owner) and in the liveness registry.
+    pub fn id(&self) -> ClientId {
+        self.inner.id
     }
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
@@ -192,7 +194,7 @@ impl Client {
         // put its placeholder in `active`, so the minimum below accounts for it.
         let fresh = self.inner.oracle.next().await?;
         self.inner.last_seen_ts.fetch_max(fresh.0, Ordering::SeqCst);
-        self.inner.liveness.heartbeat(self.inner.worker, self.low_watermark()).await?;
+        self.inner.liveness.heartbeat(self.inner.id, self.low_watermark()).await?;
         self.inner.last_heartbeat_ms.store(now, Ordering::Relaxed);
         Ok(())
     }
@@ -221,7 +223,7 @@ impl Client {
 
     /// Leaves the registry (a clean shutdown). Locks left behind become cleanable at once.
     pub async fn deregister(&self) -> Result<(), TxnError> {
-        self.inner.liveness.deregister(self.inner.worker).await
+        self.inner.liveness.deregister(self.inner.id).await
     }
 
     pub async fn begin(&self) -> Result<Transaction, TxnError> {
@@ -262,10 +264,10 @@ impl Client {
     /// themselves. A live owner's lock is stale, and cleanable, after one lock TTL (or its
     /// owner's liveness TTL once it stops heartbeating); the loop keeps trying for twice their
     /// sum (at least 2 s) and then gives up with the last conflict.
-    pub async fn retrying<T>(
+    pub async fn retrying<T, E: Retryable>(
         &self,
-        mut attempt: impl AsyncFnMut(&Client) -> Result<T, TxnError>,
-    ) -> Result<T, TxnError> {
+        mut attempt: impl AsyncFnMut(&Client) -> Result<T, E>,
+    ) -> Result<T, E> {
         let c = &self.inner.config;
         let deadline =
             self.inner.clock.now_ms() + 2 * (c.lock_ttl_ms + c.liveness_ttl_ms).max(1_000);
@@ -372,17 +374,6 @@ impl Transaction {
         self.writes.insert((row.into(), column.into()), None);
     }
 
-    /// The cell whose lock will be the primary: the first buffered write in (row, column)
-    /// order.
-    pub fn primary(&self) -> Option<&(Bytes, Bytes)> {
-        self.writes.keys().next()
-    }
-
-    /// Whether this transaction has buffered writes.
-    pub fn is_read_only(&self) -> bool {
-        self.writes.is_empty()
-    }
-
     /// The value of `(row, column)` in this transaction's snapshot (its own buffered writes
     /// included).
     pub async fn get(&self, row: &[u8], column: &[u8]) -> Result<Option<Bytes>, TxnError> {
@@ -480,14 +471,6 @@ impl Transaction {
             ColumnRead { column: write_col(column), range: upto, versions: 4 },
             ColumnRead::newest(data_col(column), upto),
         ]
-    }
-
-    /// The commit timestamp of the newest committed write (put or delete) of `(row, column)`
-    /// in this snapshot, if there is one. Observers use it to tell whether a column changed
-    /// since they last ran.
-    pub async fn last_commit_ts(&self, row: &[u8], column: &[u8]) -> Result<Option<Ts>, TxnError> {
-        let key = (Bytes::copy_from_slice(row), Bytes::copy_from_slice(column));
-        Ok(self.versions(std::slice::from_ref(&key)).await?.pop().flatten().map(|v| v.commit_ts))
     }
 
     /// The rows in `[start, end)` (`end` empty: to the end) that have a value in `column` in
@@ -604,7 +587,7 @@ impl Transaction {
                     Resolution::RolledBack | Resolution::RolledForward(_) => {}
                     Resolution::Wait => {
                         if attempt == 0 {
-                            tracing::debug!(row = %error::show(row), column = %error::show(column), lock_ts = %lock_cell.ts, owner = %lock.owner, me = %client.worker(), "waiting on a live lock");
+                            tracing::debug!(row = %error::show(row), column = %error::show(column), lock_ts = %lock_cell.ts, owner = %lock.owner, me = %client.id(), "waiting on a live lock");
                         }
                         if waited_ms >= client.config().lock_wait_max_ms {
                             return Err(TxnError::LockWaitTimeout {
@@ -718,7 +701,7 @@ impl Transaction {
         client.heartbeat_if_old().await?;
         let info = LockInfo {
             primary: (primary_row.clone(), primary_column.clone()),
-            owner: client.worker(),
+            owner: client.id(),
             wall_ms: client.clock().now_ms(),
             ttl_ms: client.config().lock_ttl_ms,
         };

@@ -21,12 +21,12 @@ use perc_store::{
 };
 
 use crate::clock::Clock;
-use crate::record::WorkerId;
+use crate::record::ClientId;
 use crate::TxnError;
 
 pub const FAMILY: FamilySpec = FamilySpec { name: "worker", locality: Locality::Row };
 
-fn row(worker: WorkerId) -> Bytes {
+fn row(worker: ClientId) -> Bytes {
     Bytes::from(format!("{:016x}", worker.0))
 }
 
@@ -37,7 +37,7 @@ fn column() -> Column {
 /// A registered worker as the registry shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WorkerEntry {
-    pub worker: WorkerId,
+    pub worker: ClientId,
     pub heartbeat_ms: u64,
     pub low_watermark: Ts,
 }
@@ -49,7 +49,7 @@ pub struct Liveness {
     ttl_ms: u64,
 }
 
-fn decode(worker: WorkerId, raw: &[u8]) -> Result<WorkerEntry, TxnError> {
+fn decode(worker: ClientId, raw: &[u8]) -> Result<WorkerEntry, TxnError> {
     if raw.len() != 16 {
         return Err(TxnError::Corrupt(format!("heartbeat of {worker}: {} bytes", raw.len())));
     }
@@ -70,7 +70,7 @@ impl Liveness {
     }
 
     /// Writes `worker`'s heartbeat at the current wall time, with its low watermark.
-    pub async fn heartbeat(&self, worker: WorkerId, low_watermark: Ts) -> Result<(), TxnError> {
+    pub async fn heartbeat(&self, worker: ClientId, low_watermark: Ts) -> Result<(), TxnError> {
         let now = self.clock.now_ms();
         let mut value = Vec::with_capacity(16);
         value.extend_from_slice(&now.to_be_bytes());
@@ -81,7 +81,7 @@ impl Liveness {
     }
 
     /// Removes `worker` from the registry: from now on its locks may be cleaned at once.
-    pub async fn deregister(&self, worker: WorkerId) -> Result<(), TxnError> {
+    pub async fn deregister(&self, worker: ClientId) -> Result<(), TxnError> {
         let m = Mutation::Delete { column: column(), range: TsRange::ALL };
         self.store.mutate_rows(&[RowMutation { row: row(worker), mutations: vec![m] }]).await?;
         Ok(())
@@ -112,7 +112,7 @@ impl Liveness {
     }
 
     /// Whether `worker` has a heartbeat younger than the TTL.
-    pub async fn is_alive(&self, worker: WorkerId) -> Result<bool, TxnError> {
+    pub async fn is_alive(&self, worker: ClientId) -> Result<bool, TxnError> {
         let got = self
             .store
             .read_row(&row(worker), &[ColumnRead::newest(column(), TsRange::ALL)])
@@ -133,7 +133,7 @@ impl Liveness {
                 .ok()
                 .and_then(|s| u64::from_str_radix(s, 16).ok())
                 .ok_or_else(|| TxnError::Corrupt(format!("worker row {:?}", cell.row)))?;
-            let entry = decode(WorkerId(id), &cell.value)?;
+            let entry = decode(ClientId(id), &cell.value)?;
             let alive = self.fresh(&entry);
             out.push((entry, alive));
         }

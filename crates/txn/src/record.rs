@@ -12,13 +12,15 @@ use perc_store::Ts;
 
 use crate::TxnError;
 
-/// Who holds a lock: a registered worker (see [`crate::liveness`]).
+/// A transaction client's identity: the owner recorded in its locks, and its row in the
+/// liveness registry ([`crate::liveness`]). A process has one per [`crate::Client`] it opens
+/// (perc opens two: the loaders' and the observers').
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WorkerId(pub u64);
+pub struct ClientId(pub u64);
 
-impl std::fmt::Display for WorkerId {
+impl std::fmt::Display for ClientId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "worker-{}", self.0)
+        write!(f, "client-{}", self.0)
     }
 }
 
@@ -56,7 +58,7 @@ pub struct LockRecord {
     pub primary: Option<CellKey>,
     /// What the transaction writes to this cell (never `Rollback`).
     pub kind: WriteKind,
-    pub owner: WorkerId,
+    pub owner: ClientId,
     /// The owner's wall time when it took the lock.
     pub wall_ms: u64,
     pub ttl_ms: u64,
@@ -114,7 +116,7 @@ impl LockRecord {
         Ok(LockRecord {
             primary,
             kind,
-            owner: WorkerId(u64_at(2)),
+            owner: ClientId(u64_at(2)),
             wall_ms: u64_at(10),
             ttl_ms: u64_at(18),
         })
@@ -151,7 +153,7 @@ mod tests {
             let l = LockRecord {
                 primary,
                 kind: WriteKind::Delete,
-                owner: WorkerId(9),
+                owner: ClientId(9),
                 wall_ms: 5,
                 ttl_ms: 7,
             };

@@ -155,7 +155,7 @@ impl goldenscript::Runner for Runner {
                 ))?;
                 let txn = self.rt.block_on(client.begin())?;
                 let start_ts = txn.start_ts();
-                let worker = client.worker();
+                let worker = client.id();
                 self.txns.insert(
                     name,
                     TxnState {
@@ -280,7 +280,7 @@ impl goldenscript::Runner for Runner {
                 let st = self.txns.get_mut(&name).ok_or("unknown transaction")?;
                 let client = st.client.clone();
                 self.rt.block_on(client.deregister())?;
-                Ok(format!("{} is dead", client.worker()))
+                Ok(format!("{} is dead", client.id()))
             }
             other => Err(format!("unknown command {other}").into()),
         }

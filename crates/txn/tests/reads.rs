@@ -47,7 +47,8 @@ fn cells_read_together_cost_one_call_and_rereads_are_free() {
         // Read again, singly or together: no store call. Own writes still win.
         let before = counted.counts();
         assert_eq!(t.get(b"a", b"y").await.unwrap(), Some(Bytes::from_static(b"ay")));
-        assert_eq!(t.last_commit_ts(b"b", b"x").await.unwrap(), Some(committed));
+        let newest = t.versions(&[key("b", "x")]).await.unwrap().pop().flatten();
+        assert_eq!(newest.map(|v| v.commit_ts), Some(committed));
         t.set("a", "x", "mine");
         let got = t.get_many(&[key("a", "x"), key("b", "x"), key("a", "z")]).await.unwrap();
         assert_eq!(got, vec![Some("mine".into()), Some("bx".into()), None]);

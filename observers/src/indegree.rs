@@ -1,30 +1,30 @@
-//! rank: a page's in-degree and its alias set, kept incrementally.
+//! indegree: a page's in-degree and its alias set, kept incrementally.
 //!
 //! A page's in-degree is the number of distinct other pages linking to it or to one of its
 //! aliases (URLs whose redirect chain ends at it). Nothing here costs the page's in-degree or
 //! its number of aliases: every run folds the changes left for it since the last run.
 //!
-//! - Trigger: `rank:dirty` of `p:<url>` (weak: set by invert on every change of the page's
+//! - Trigger: `indeg:dirty` of `p:<url>` (weak: set by invert on every change of the page's
 //!   inlinks, by parse when the page starts or stops redirecting, by alias when its
 //!   registration moves, and by the runs below; a popular page is a hot row).
 //! - **A page** (no redirect) reads its change rows `d:<url>\0<source>` (invert's ±1 per
 //!   edge, or a 0 left by an alias as a mark to look at that source again), and for each
 //!   source its `x:` row and whether the edge `e:<url>\0<source>` exists. It keeps
-//!   `rank:base` (edges into the URL itself) and `rank:extra` (sources that reach it only
-//!   through aliases: `rank:adds` set on their `x:` row); in-degree = base + extra. Its alias
+//!   `indeg:base` (edges into the URL itself) and `indeg:extra` (sources that reach it only
+//!   through aliases: `indeg:adds` set on their `x:` row); in-degree = base + extra. Its alias
 //!   set is the `a:<url>\0<alias>` rows.
 //! - **An alias** (redirecting) counts its own inlinks at the end of its redirect chain: it
-//!   adds its changes into `x:<end>\0<source>`'s `rank:via` (how many of end's aliases that
+//!   adds its changes into `x:<end>\0<source>`'s `indeg:via` (how many of end's aliases that
 //!   source links to) and marks the source in `d:<end>\0<source>`; it keeps `a:<end>\0<url>`
-//!   and remembers the end in `rank:alias_of` ("" for a cycle). When its end changes, it
+//!   and remembers the end in `indeg:alias_of` ("" for a cycle). When its end changes, it
 //!   moves what it counted (O(its own inlinks), once per change of a redirect).
 //! - Whenever a redirect on a URL's chain was rewritten since its last run (its own, or a
-//!   hop's; `rank:chain` holds their commit timestamps), it tells the URLs redirecting
+//!   hop's; `indeg:chain` holds their commit timestamps), it tells the URLs redirecting
 //!   straight to it (`r:` rows): their chains read the same cells, and may have seen a state
 //!   that is gone (a redirect set and unset between two of this URL's runs). Alias tells the
 //!   source itself after writing its `r:` row, so a run that missed the row is followed by
 //!   one that sees it.
-//! - Writes: `rank:indeg` and `rank:names` (the page and its aliases, sorted), each only if it
+//! - Writes: `indeg:indeg` and `indeg:names` (the page and its aliases, sorted), each only if it
 //!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
 //! - Notifies: the page's cluster head (`cluster:dirty`, the cluster dedup registered it in;
 //!   see [`notify_downstream`] for why it rewrites that registration) and its export, weakly,
@@ -32,6 +32,7 @@
 //! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
 //!   written only when different.
 
+use crate::IndexError;
 use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
@@ -44,10 +45,10 @@ use crate::model::{self, col};
 /// How many redirect hops an alias may be from its page (more than any redirect limit).
 pub const ALIAS_HOPS_MAX: usize = 16;
 
-pub struct Rank;
+pub struct InDegree;
 
 #[async_trait]
-impl Observer for Rank {
+impl Observer for InDegree {
     async fn observe(
         &self,
         txn: &mut Transaction,
@@ -119,9 +120,10 @@ async fn as_page(
         }
     };
     if base < 0 || extra < 0 {
-        return Err(ObserverError::Failed(format!(
+        return Err(IndexError::Inconsistent(format!(
             "{url}: inlink counts below zero (base {base}, extra {extra})"
-        )));
+        ))
+        .into());
     }
     model::set_if_changed(txn, row, col::BASE, Bytes::from(base.to_string())).await?;
     model::set_if_changed(txn, row, col::EXTRA, Bytes::from(extra.to_string())).await?;
@@ -178,7 +180,7 @@ async fn as_alias(
                 *via.entry((end.clone(), source.clone())).or_default() += 1;
             }
             txn.set(model::alias_at(end, url), Bytes::from_static(col::ALIAS), Bytes::new());
-            txn.notify(model::page(end), Bytes::from_static(col::RANK_DIRTY));
+            txn.notify(model::page(end), Bytes::from_static(col::INDEG_DIRTY));
         }
         txn.set(row.clone(), Bytes::from_static(col::ALIAS_OF), end_name);
     }
@@ -203,10 +205,10 @@ fn uncount(
         }
     }
     txn.delete(model::alias_at(old, url), Bytes::from_static(col::ALIAS));
-    txn.notify(model::page(old), Bytes::from_static(col::RANK_DIRTY));
+    txn.notify(model::page(old), Bytes::from_static(col::INDEG_DIRTY));
 }
 
-/// Adds to `x:<end>\0<source>`'s `rank:via`, and marks the source for the end's next run.
+/// Adds to `x:<end>\0<source>`'s `indeg:via`, and marks the source for the end's next run.
 async fn add_via(
     txn: &mut Transaction,
     via: BTreeMap<(String, String), i64>,
@@ -227,9 +229,10 @@ async fn add_via(
         let at = model::via(end, source);
         match count {
             n if n < 0 => {
-                return Err(ObserverError::Failed(format!(
+                return Err(IndexError::Inconsistent(format!(
                     "{end}: count of aliases linked from {source} below zero"
-                )))
+                ))
+                .into())
             }
             0 => txn.delete(at, Bytes::from_static(col::VIA)),
             n => txn.set(at, Bytes::from_static(col::VIA), n.to_string()),
@@ -241,13 +244,13 @@ async fn add_via(
         ends.insert(end);
     }
     for end in ends {
-        txn.notify(model::page(end), Bytes::from_static(col::RANK_DIRTY));
+        txn.notify(model::page(end), Bytes::from_static(col::INDEG_DIRTY));
     }
     Ok(())
 }
 
 /// Re-decides, for each changed source, whether it adds to the page's in-degree through an
-/// alias only; returns the change of the page's `rank:extra`.
+/// alias only; returns the change of the page's `indeg:extra`.
 async fn refold_sources(
     txn: &mut Transaction,
     url: &str,
@@ -301,7 +304,7 @@ async fn recount_extra(
     Ok(extra)
 }
 
-/// Sets or clears `rank:adds` of `x:<url>\0<source>`; returns the change in the count.
+/// Sets or clears `indeg:adds` of `x:<url>\0<source>`; returns the change in the count.
 fn set_adds(txn: &mut Transaction, url: &str, source: &str, was: bool, now: bool) -> i64 {
     match (was, now) {
         (false, true) => {
@@ -327,12 +330,12 @@ async fn own_sources(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, O
 /// Tells the URLs redirecting straight to `url` that their chain's end may have changed.
 async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<(), ObserverError> {
     for source in model::child_keys(txn, "r:", url, col::ALIAS_FROM).await? {
-        txn.notify(model::page(&source), Bytes::from_static(col::RANK_DIRTY));
+        txn.notify(model::page(&source), Bytes::from_static(col::INDEG_DIRTY));
     }
     Ok(())
 }
 
-/// Tells the page's cluster and its export that its rank changed.
+/// Tells the page's cluster and its export that its in-degree changed.
 ///
 /// The cluster is the one dedup has registered the page in (`dedup:registered`), and that
 /// cell is written back unchanged: a write skew otherwise. A concurrent dedup could move the
@@ -340,8 +343,8 @@ async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<(), O
 /// before we commit, and we would tell the old cluster. Writing the cell makes the two
 /// transactions conflict, so one of them retries and sees the other.
 async fn notify_downstream(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
-    let registered = txn.get(row, col::DEDUP_DONE).await?.unwrap_or_default();
-    txn.set(row.clone(), Bytes::from_static(col::DEDUP_DONE), registered.clone());
+    let registered = txn.get(row, col::HASH_REGISTERED).await?.unwrap_or_default();
+    txn.set(row.clone(), Bytes::from_static(col::HASH_REGISTERED), registered.clone());
     if !registered.is_empty() {
         txn.notify(
             model::cluster_head(&String::from_utf8_lossy(&registered)),

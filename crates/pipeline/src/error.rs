@@ -1,0 +1,79 @@
+//! What can go wrong in the front door, in kinds a caller acts on differently: a store that
+//! is not there, a full disk, an interruption, a bad configuration or input, a failure below.
+
+use perc_observers::IndexError;
+use perc_oracle::OracleError;
+use perc_store::StoreError;
+use perc_txn::TxnError;
+
+use crate::config::ConfigError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// A command that needs an index found no store (a typo in `--data`, most likely).
+    #[error(
+        "no perc store at {dir} (perc crawl and perc replay create one; --data picks another)"
+    )]
+    NoStore { dir: String },
+    /// The disk is full: what was committed before is intact.
+    #[error("no space left on device ({0})")]
+    OutOfSpace(StoreError),
+    /// Stopped by SIGINT or SIGTERM: what it did is saved, and the same command resumes it.
+    #[error("interrupted")]
+    Interrupted,
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Input the caller gave that cannot be used (a scope prefix, a URL).
+    #[error("{0}")]
+    Input(String),
+    /// The configured store, oracle or fetcher cannot be set up.
+    #[error("{0}")]
+    Setup(String),
+    /// Reading or writing a file the caller named.
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    /// The index holds something it cannot read.
+    #[error(transparent)]
+    Index(IndexError),
+    #[error(transparent)]
+    Txn(TxnError),
+}
+
+pub type Result<T, E = PipelineError> = std::result::Result<T, E>;
+
+impl From<TxnError> for PipelineError {
+    fn from(e: TxnError) -> PipelineError {
+        match e.out_of_space() {
+            Some(s) => PipelineError::OutOfSpace(s.clone()),
+            None => PipelineError::Txn(e),
+        }
+    }
+}
+
+impl From<StoreError> for PipelineError {
+    fn from(e: StoreError) -> PipelineError {
+        TxnError::Store(e).into()
+    }
+}
+
+impl From<OracleError> for PipelineError {
+    fn from(e: OracleError) -> PipelineError {
+        TxnError::Oracle(e).into()
+    }
+}
+
+impl From<IndexError> for PipelineError {
+    fn from(e: IndexError) -> PipelineError {
+        match e {
+            IndexError::Txn(t) => t.into(),
+            other => PipelineError::Index(other),
+        }
+    }
+}
+
+impl PipelineError {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PipelineError {
+        let what = what.into();
+        move |source| PipelineError::Io { what, source }
+    }
+}

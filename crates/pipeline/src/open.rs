@@ -1,0 +1,295 @@
+//! Assembling a [`Pipeline`]: the configured store (sled, Bigtable or memory), the timestamp
+//! oracle, the fetching source, the two transaction clients (the loaders' flushing one and
+//! the observers' relaxed one), the observer registry and the notification engine. The CLI
+//! calls [`Pipeline::open`]; benchmarks and tests use [`Builder`] to put in a store, an oracle,
+//! a source or a clock of their own.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use perc_crawl::warc::Recorder;
+use perc_crawl::{
+    Budget, Crawler, FetchLimits, Fetcher, HttpFetcher, Offline, Polite, PolitenessConfig,
+    Recording, RobotsCache, Source,
+};
+use perc_notify::{client_for, Engine, RowLease, StoreLease};
+use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
+use perc_store::{MemStore, SledOptions, SledStore, Store};
+use perc_txn::{Clock, SystemClock, TxnConfig};
+
+use crate::config::{Backend, Config};
+use crate::error::{PipelineError, Result};
+use crate::Pipeline;
+
+/// Where the fetch observer gets pages.
+pub enum Fetching {
+    /// The live web (robots.txt, politeness), optionally recording a WARC.
+    Live { warc_out: Option<Recorder> },
+    /// Nothing is fetched: a URL not already loaded is recorded as not available.
+    Offline,
+}
+
+/// Whether opening may create the store. Only a crawl or a replay should: for any other
+/// command a missing store is a mistake (a typo in `--data`), not an empty index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Create {
+    IfMissing,
+    /// A missing store is [`PipelineError::NoStore`]. A shared Bigtable table and a memory
+    /// store always count as existing.
+    No,
+}
+
+/// A [`Pipeline`] with parts put in by the caller; the rest comes from the configuration.
+pub struct Builder {
+    config: Config,
+    fetching: Fetching,
+    create: Create,
+    store: Option<Arc<dyn Store>>,
+    oracle: Option<Arc<dyn Oracle>>,
+    source: Option<Arc<dyn Source>>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Pipeline {
+    /// Opens the configured store (creating it only with [`Create::IfMissing`]) and
+    /// assembles the process around it.
+    pub async fn open(config: Config, fetching: Fetching, create: Create) -> Result<Pipeline> {
+        Pipeline::builder(config).fetching(fetching).create(create).open().await
+    }
+
+    pub fn builder(config: Config) -> Builder {
+        Builder {
+            config,
+            fetching: Fetching::Offline,
+            create: Create::IfMissing,
+            store: None,
+            oracle: None,
+            source: None,
+            clock: None,
+        }
+    }
+}
+
+impl Builder {
+    pub fn fetching(mut self, fetching: Fetching) -> Builder {
+        self.fetching = fetching;
+        self
+    }
+
+    pub fn create(mut self, create: Create) -> Builder {
+        self.create = create;
+        self
+    }
+
+    /// This store instead of the configured one (a wrapped or shared one); the configured
+    /// backend still decides how processes share it (leases, forgetting ended workers).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Builder {
+        self.store = Some(store);
+        self
+    }
+
+    /// This oracle instead of the configured one.
+    pub fn oracle(mut self, oracle: Arc<dyn Oracle>) -> Builder {
+        self.oracle = Some(oracle);
+        self
+    }
+
+    /// Pages come from `source` instead of from [`Fetching`].
+    pub fn source(mut self, source: Arc<dyn Source>) -> Builder {
+        self.source = Some(source);
+        self
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Builder {
+        self.clock = Some(clock);
+        self
+    }
+
+    pub async fn open(self) -> Result<Pipeline> {
+        let config = self.config;
+        if config.store.backend != Backend::Bigtable && config.workers.scanners == 0 {
+            return Err(PipelineError::Setup(
+                "workers.scanners = 0 leaves nobody to run the observers of a store only this \
+                 process uses: it must be at least 1 (0 is for processes that only load a \
+                 shared Bigtable store)"
+                    .into(),
+            ));
+        }
+        let store = match self.store {
+            Some(s) => s,
+            None => open_store(&config, self.create).await?,
+        };
+        let oracle = match self.oracle {
+            Some(o) => o,
+            None => open_oracle(&config, &store).await?,
+        };
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        if config.store.backend == Backend::Sled {
+            // The embedded store admits one process: every worker registered in it belongs to
+            // a process that ended (killed, most likely), and its locks may go at once.
+            let gone =
+                perc_txn::Liveness::new(store.clone(), clock.clone(), 0).forget_all().await?;
+            if gone > 0 {
+                tracing::info!(
+                    workers = gone,
+                    "cleared the liveness of workers of an ended process"
+                );
+            }
+        }
+        let source = match self.source {
+            Some(s) => s,
+            None => source(&config, self.fetching)?,
+        };
+        let registry = Arc::new(
+            perc_observers::registry(source).map_err(|e| PipelineError::Setup(e.to_string()))?,
+        );
+        let txn = TxnConfig {
+            lock_ttl_ms: config.txn.lock_ttl_ms,
+            liveness_ttl_ms: config.txn.liveness_ttl_ms,
+            ..TxnConfig::default()
+        };
+        // Observer runs are acknowledged to nobody: they need not flush at their commit point
+        // (see TxnConfig::sync_commits); the loaders' commits do, and `close` syncs the rest.
+        let relaxed = TxnConfig { sync_commits: false, ..txn.clone() };
+        let engine_client =
+            client_for(store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
+                .await?;
+        let client =
+            client_for(store.clone(), oracle, clock.clone(), txn, registry.clone()).await?;
+        // Many processes share a Bigtable table: they lease notifications in the store.
+        let lease: Arc<dyn RowLease> = match config.store.backend {
+            Backend::Sled | Backend::Memory => Arc::new(perc_notify::LocalLease::default()),
+            Backend::Bigtable => Arc::new(StoreLease::new(
+                store.clone(),
+                clock.clone(),
+                config.workers.lease_ttl_ms,
+                &engine_client.id().to_string(),
+            )),
+        };
+        let engine =
+            Arc::new(Engine::with_lease(engine_client, registry, config.workers.clone(), lease));
+        engine.load_parked().await?;
+        Ok(Pipeline { store, client, engine, config })
+    }
+}
+
+/// The fetching source: the crawler (politeness, robots.txt, a page budget, a recording), or
+/// nothing.
+fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
+    let Fetching::Live { warc_out } = fetching else { return Ok(Arc::new(Offline)) };
+    let c = &config.crawl;
+    let limits = FetchLimits {
+        connect_timeout_ms: c.connect_timeout_ms,
+        total_timeout_ms: c.total_timeout_ms,
+        body_bytes_max: c.body_bytes_max,
+        user_agent: c.user_agent.clone(),
+    };
+    let politeness = PolitenessConfig {
+        concurrency_max: c.concurrency_max,
+        host_delay_ms: c.host_delay_ms,
+        delay_cap_ms: c.delay_cap_ms,
+    };
+    let http = HttpFetcher::new(limits)
+        .map_err(|e| PipelineError::Setup(format!("cannot set up HTTP: {e}")))?;
+    let fetcher: Arc<dyn Fetcher> = match warc_out {
+        Some(recorder) => Arc::new(Recording::new(http, recorder, c.user_agent.clone())),
+        None => Arc::new(http),
+    };
+    let polite = Arc::new(Polite::new(fetcher, politeness));
+    let robots = RobotsCache::new(
+        polite.clone(),
+        c.user_agent.clone(),
+        c.robots_ttl_ms,
+        c.robots_retry_ms,
+        c.robots_attempts,
+    );
+    let crawler: Arc<dyn Source> = Arc::new(Crawler::new(polite, robots));
+    if c.max_pages == 0 {
+        return Ok(crawler);
+    }
+    Ok(Arc::new(Budget::new(crawler, c.max_pages)))
+}
+
+/// The configured store: sled in `store.data`, the Bigtable table, or a new memory store.
+pub async fn open_store(config: &Config, create: Create) -> Result<Arc<dyn Store>> {
+    match config.store.backend {
+        Backend::Sled => {
+            let data = Path::new(&config.store.data);
+            if create == Create::No && !SledStore::exists(data) {
+                return Err(PipelineError::NoStore { dir: config.store.data.clone() });
+            }
+            std::fs::create_dir_all(data).map_err(PipelineError::io(format!(
+                "cannot create the data directory {}",
+                data.display()
+            )))?;
+            let sled = SledStore::open(
+                data,
+                perc_notify::schema(),
+                &SledOptions { cache_bytes: config.store.cache_bytes, flush_every_ms: 500 },
+            )
+            .map_err(|e| {
+                PipelineError::Setup(format!(
+                    "{e} (is another perc process using {}?)",
+                    data.display()
+                ))
+            })?;
+            Ok(Arc::new(sled))
+        }
+        Backend::Memory => Ok(Arc::new(MemStore::new(perc_notify::schema()))),
+        Backend::Bigtable => open_bigtable(config).await,
+    }
+}
+
+#[cfg(feature = "bigtable")]
+async fn open_bigtable(config: &Config) -> Result<Arc<dyn Store>> {
+    let b = &config.bigtable;
+    if b.emulator.is_empty() && (b.project.is_empty() || b.instance.is_empty()) {
+        return Err(PipelineError::Setup(
+            "store.backend = \"bigtable\" needs bigtable.project and bigtable.instance \
+             (or bigtable.emulator for a local emulator)"
+                .into(),
+        ));
+    }
+    let bt = perc_bigtable::BigtableConfig {
+        project: if b.project.is_empty() { "perc".into() } else { b.project.clone() },
+        instance: if b.instance.is_empty() { "perc".into() } else { b.instance.clone() },
+        table: b.table.clone(),
+        emulator: (!b.emulator.is_empty()).then(|| b.emulator.clone()),
+        channels: b.channels,
+        timeout_ms: b.timeout_ms,
+    };
+    let store =
+        perc_bigtable::BigtableStore::open(&bt, perc_notify::schema()).await.map_err(|e| {
+            PipelineError::Setup(format!("cannot open the Bigtable table {}: {e}", b.table))
+        })?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "bigtable"))]
+async fn open_bigtable(_config: &Config) -> Result<Arc<dyn Store>> {
+    Err(PipelineError::Setup(
+        "store.backend = \"bigtable\", but this perc was built without Bigtable support: \
+         build it with `cargo build --release -p perc-cli --features bigtable`"
+            .into(),
+    ))
+}
+
+/// The configured oracle: a `perc oracle` server, or one in this process (sled and memory
+/// only: a shared store needs a single oracle for every process).
+pub async fn open_oracle(config: &Config, store: &Arc<dyn Store>) -> Result<Arc<dyn Oracle>> {
+    if !config.oracle.server.is_empty() {
+        let client = perc_oracle::ClientConfig {
+            reconnect_for_ms: config.oracle.reconnect_for_ms,
+            ..perc_oracle::ClientConfig::default()
+        };
+        return Ok(Arc::new(RemoteOracle::connect(&config.oracle.server, client).await?));
+    }
+    if config.store.backend == Backend::Bigtable {
+        return Err(PipelineError::Setup(
+            "store.backend = \"bigtable\" is shared by many processes, which need one timestamp \
+             oracle: run `perc oracle --listen HOST:PORT` and set oracle.server to it"
+                .into(),
+        ));
+    }
+    Ok(Arc::new(LocalOracle::open(store.clone(), config.oracle.block).await?))
+}

@@ -1,0 +1,120 @@
+//! The loaders: what users put into the index. A crawl's seeds and scope, a refetch of known
+//! URLs, and recorded responses from a WARC; each a few transactions of many rows, retried
+//! on conflict.
+
+use bytes::Bytes;
+use perc_txn::{Client, TxnError};
+use url::Url;
+
+use crate::model::{self, col, CrawlScope, Want};
+use crate::IndexError;
+
+/// Rows written per loader transaction.
+const LOAD_BATCH: usize = 100;
+
+/// Starts (or restarts) a crawl: records its scope, and puts the seeds in the frontier with a
+/// new generation, so that seeds already fetched are fetched again.
+pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<(), TxnError> {
+    client
+        .retrying(async |c| {
+            let mut t = c.begin().await?;
+            t.set(
+                Bytes::from_static(model::CONFIG_ROW),
+                Bytes::from_static(col::SCOPE),
+                serde_json::to_vec(scope).expect("serializable"),
+            );
+            t.commit().await
+        })
+        .await?;
+    for chunk in seeds.chunks(LOAD_BATCH) {
+        client
+            .retrying(async |c| {
+                let mut t = c.begin().await?;
+                let gen = t.start_ts().0;
+                for s in chunk {
+                    let want = Want { depth: 0, gen, hops: 0 };
+                    t.set(
+                        model::page(s.as_str()),
+                        Bytes::from_static(col::WANT),
+                        serde_json::to_vec(&want).expect("serializable"),
+                    );
+                }
+                t.commit().await
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Fetches known pages again (their want gets a new generation, keeping its depth). Returns
+/// the URLs that are not known.
+pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, IndexError> {
+    let mut unknown = Vec::new();
+    for chunk in urls.chunks(LOAD_BATCH) {
+        let missing = client
+            .retrying(async |c| {
+                let mut t = c.begin().await?;
+                let gen = t.start_ts().0;
+                let mut missing = Vec::new();
+                for u in chunk {
+                    let row = model::page(u.as_str());
+                    match model::get_json::<Want>(&t, &row, col::WANT).await? {
+                        Some(mut want) => {
+                            want.gen = gen;
+                            t.set(
+                                row,
+                                Bytes::from_static(col::WANT),
+                                serde_json::to_vec(&want).expect("serializable"),
+                            );
+                        }
+                        None => missing.push(u.clone()),
+                    }
+                }
+                t.commit().await?;
+                Ok::<_, IndexError>(missing)
+            })
+            .await?;
+        unknown.extend(missing);
+    }
+    Ok(unknown)
+}
+
+/// Every URL in the frontier, in order.
+pub async fn known_urls(client: &Client) -> Result<Vec<Url>, TxnError> {
+    let t = client.begin().await?;
+    Ok(t.scan(b"p:", b"p;", col::WANT)
+        .await?
+        .into_iter()
+        .filter_map(|(row, _)| model::url_of(&row).and_then(|u| Url::parse(u).ok()))
+        .collect())
+}
+
+/// Loads recorded responses as if just fetched (depth 0): `perc replay`.
+pub async fn load_recorded(
+    client: &Client,
+    recorded: &[perc_crawl::warc::Recorded],
+) -> Result<(), TxnError> {
+    for chunk in recorded.chunks(LOAD_BATCH) {
+        client
+            .retrying(async |c| {
+                let mut t = c.begin().await?;
+                for r in chunk {
+                    let head = model::RawHead {
+                        status: Some(r.response.status),
+                        content_type: r.response.content_type.clone(),
+                        charset: r.response.charset.clone(),
+                        location: r.response.location.as_ref().map(Url::to_string),
+                        ..model::RawHead::default()
+                    };
+                    t.set(
+                        model::page(r.url.as_str()),
+                        Bytes::from_static(col::RAW),
+                        model::encode_raw(&head, &r.response.body),
+                    );
+                }
+                t.commit().await
+            })
+            .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,194 @@
+//! Reading and writing cells through a transaction: counters, JSON records, writes that
+//! happen only on change, child-row scans, registrations, and the export's inlink join. A
+//! stored value that cannot be read is an [`IndexError::Corrupt`] naming its row and column.
+
+use bytes::Bytes;
+use perc_txn::{Transaction, TxnError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::records::{ExportLine, Inlink};
+use super::schema::{child_key, children, col};
+use crate::IndexError;
+
+/// A counter cell's value (a decimal integer; absent: 0).
+pub fn count_of(raw: Option<Bytes>) -> Result<i64, IndexError> {
+    match raw {
+        None => Ok(0),
+        Some(v) => std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).ok_or_else(|| {
+            IndexError::corrupt("a counter cell", format!("{} is not an integer", v.escape_ascii()))
+        }),
+    }
+}
+
+/// The keys of the child rows `<prefix><key>\0<child>` that have `column`: the `<child>`s.
+pub async fn child_keys(
+    txn: &Transaction,
+    prefix: &str,
+    key: &str,
+    column: &[u8],
+) -> Result<Vec<String>, TxnError> {
+    let (start, end) = children(prefix, key);
+    Ok(txn
+        .scan(&start, &end, column)
+        .await?
+        .into_iter()
+        .filter_map(|(r, _)| child_key(&r).map(str::to_string))
+        .collect())
+}
+
+/// Every edge whose target is one of `names`, sorted by (from, to): one prefix scan of the
+/// `e:` rows per name.
+pub async fn inlinks(txn: &Transaction, names: &[String]) -> Result<Vec<Inlink>, TxnError> {
+    let mut out = Vec::new();
+    for name in names {
+        let (start, end) = children("e:", name);
+        for (edge_row, anchor) in txn.scan(&start, &end, col::EDGE).await? {
+            let Some(source) = child_key(&edge_row) else { continue };
+            out.push(Inlink {
+                from: source.to_string(),
+                to: name.clone(),
+                anchor: String::from_utf8_lossy(&anchor).into_owned(),
+            });
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// A page's export line with its inlinks joined in (SPEC §6.6): the stored line holds none;
+/// the canonical page's are the edges into its `fwd:names`.
+pub async fn full_line(
+    txn: &Transaction,
+    mut line: ExportLine,
+    fwd_names: Option<Bytes>,
+) -> Result<ExportLine, IndexError> {
+    if let Some(raw) = fwd_names {
+        let names: Vec<String> = serde_json::from_slice(&raw)
+            .map_err(|e| IndexError::corrupt(format!("fwd:names of {}", line.url), e))?;
+        line.inlinks = inlinks(txn, &names).await?;
+    }
+    Ok(line)
+}
+
+/// The union of several pages' `indeg:names` values (absent ones skipped), sorted: the names
+/// whose inlinks a cluster's canonical carries.
+pub fn names_union<'a>(
+    raws: impl IntoIterator<Item = &'a Bytes>,
+) -> Result<Vec<String>, IndexError> {
+    let mut all: Vec<String> = Vec::new();
+    for raw in raws {
+        let part: Vec<String> = serde_json::from_slice(raw)
+            .map_err(|e| IndexError::corrupt(String::from_utf8_lossy(col::NAMES), e))?;
+        all.extend(part);
+    }
+    all.sort();
+    all.dedup();
+    Ok(all)
+}
+
+pub async fn get_json<T: DeserializeOwned>(
+    txn: &Transaction,
+    row: &[u8],
+    column: &[u8],
+) -> Result<Option<T>, IndexError> {
+    match txn.get(row, column).await? {
+        None => Ok(None),
+        Some(raw) => serde_json::from_slice(&raw)
+            .map(Some)
+            .map_err(|e| IndexError::corrupt(format!("{}/{}", raw_show(row), raw_show(column)), e)),
+    }
+}
+
+fn raw_show(b: &[u8]) -> String {
+    b.escape_ascii().to_string()
+}
+
+/// Writes `value` unless the cell already holds exactly it; returns whether it wrote.
+pub async fn set_if_changed(
+    txn: &mut Transaction,
+    row: &Bytes,
+    column: &'static [u8],
+    value: Bytes,
+) -> Result<bool, TxnError> {
+    if txn.get(row, column).await?.as_ref() == Some(&value) {
+        return Ok(false);
+    }
+    txn.set(row.clone(), Bytes::from_static(column), value);
+    Ok(true)
+}
+
+pub async fn set_json_if_changed<T: Serialize>(
+    txn: &mut Transaction,
+    row: &Bytes,
+    column: &'static [u8],
+    value: &T,
+) -> Result<bool, TxnError> {
+    set_if_changed(txn, row, column, Bytes::from(serde_json::to_vec(value).expect("serializable")))
+        .await
+}
+
+/// Deletes the cell unless it is already absent; returns whether it deleted.
+pub async fn delete_if_present(
+    txn: &mut Transaction,
+    row: &Bytes,
+    column: &'static [u8],
+) -> Result<bool, TxnError> {
+    if txn.get(row, column).await?.is_none() {
+        return Ok(false);
+    }
+    txn.delete(row.clone(), Bytes::from_static(column));
+    Ok(true)
+}
+
+/// A page's registration under a key that another row range is organised by: dedup
+/// registers a page under its content hash (`c:<hash>\0<url>`), alias a redirect under its
+/// target (`r:<target>\0<source>`).
+pub struct Registration {
+    /// The page's column holding the key it should be registered under ("" for none).
+    pub key: &'static [u8],
+    /// The page's column remembering the key it is registered under.
+    pub registered: &'static [u8],
+    /// The registration row for (key, url), and its column.
+    pub child: fn(&str, &str) -> Bytes,
+    pub child_column: &'static [u8],
+    /// The row told, weakly, when a key gains or loses the page, and its column (if any).
+    pub notify: Option<NotifyKey>,
+}
+
+/// A key's row (from the key) and column to notify.
+pub type NotifyKey = (fn(&str) -> Bytes, &'static [u8]);
+
+/// Moves the page's registration from the key it has to the key it should have, telling both
+/// keys' rows; returns whether it moved. Nothing happens when they are the same, so running it
+/// twice is harmless.
+pub async fn reregister(
+    txn: &mut Transaction,
+    row: &Bytes,
+    url: &str,
+    r: &Registration,
+) -> Result<bool, TxnError> {
+    let key = txn.get(row, r.key).await?.unwrap_or_default();
+    let registered = txn.get(row, r.registered).await?.unwrap_or_default();
+    if key == registered {
+        return Ok(false);
+    }
+    for (k, add) in [(registered.clone(), false), (key.clone(), true)] {
+        if k.is_empty() {
+            continue;
+        }
+        let k = String::from_utf8_lossy(&k).into_owned();
+        let child = (r.child)(&k, url);
+        if add {
+            txn.set(child, Bytes::from_static(r.child_column), Bytes::new());
+        } else {
+            txn.delete(child, Bytes::from_static(r.child_column));
+        }
+        if let Some((notify, column)) = r.notify {
+            txn.notify(notify(&k), Bytes::from_static(column));
+        }
+    }
+    txn.set(row.clone(), Bytes::from_static(r.registered), key);
+    Ok(true)
+}

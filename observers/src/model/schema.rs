@@ -1,0 +1,141 @@
+//! The pipeline's schema: row keys and column names, and which observer writes each.
+//!
+//! ```text
+//!   row                    columns (transactional)                      written by
+//!   p:<url>                crawl:want   {depth, gen, hops}              loader, discover
+//!                          crawl:raw    fetch outcome + body            fetch, replay loader
+//!                          page:meta    kind, reason, title, noindex…   parse
+//!                          page:links   [[target, anchor]]              parse
+//!                          page:follow  {depth, hops, targets}          parse
+//!                          page:hash    content hash ("" if no page)    parse
+//!                          page:redirect  target ("" if none)           parse
+//!                          page:canonical                               cluster
+//!                          indeg:indeg  in-degree                       indegree
+//!                          indeg:names  the page and its aliases        indegree
+//!                          fwd:names    the names whose inlinks the     forward
+//!                                       canonical carries
+//!                          export:line  the serving copy (JSON; its     export
+//!                                       inlinks are read from the e: rows of fwd:names)
+//!                          dedup:registered, invert:done, alias:done    their observers' memory
+//!                          indeg:base   edges into this URL, counted    indegree
+//!                          indeg:extra  sources reaching it only        indegree
+//!                                       through aliases
+//!                          indeg:alias_of  an alias: the page its       indegree
+//!                                       inlinks are counted at
+//!                          indeg:chain  commit timestamps of the        indegree
+//!                                       redirects its chain read
+//!   e:<target>\0<source>   edge:anchor                                  invert
+//!   d:<target>\0<source>   indeg:delta  +n/-n edges not yet counted,    invert, indegree
+//!                                       or 0: look at this source       (which folds and
+//!                                       again                           deletes them)
+//!   x:<page>\0<source>     indeg:via    how many of the page's aliases  indegree (the
+//!                                       the source links to             aliases' runs)
+//!                          indeg:adds   set: the source counts through  indegree (the
+//!                                       aliases only                    page's run)
+//!   a:<page>\0<alias>      indeg:alias  the alias's chain ends here     indegree (the alias's)
+//!   r:<target>\0<source>   alias:from   (source redirects to target)    alias
+//!   c:<hash>               cluster:canonical                            cluster
+//!                          cluster:digest  of what forward reads        cluster
+//!   c:<hash>\0<url>        cluster:member                               dedup
+//!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
+//! ```
+//!
+//! Inlinks live in rows of their own under the target's prefix, so that a page every page
+//! links to is many small rows, not one huge one; readers get them with a prefix scan. No
+//! observer copies them into a list: a list on a page every page links to would be rewritten,
+//! whole, on every change of any of its inlinks (O(in-degree) per update). The export line
+//! holds the page's own fields, and readers join the canonical's inlinks from the `e:` rows
+//! of its `fwd:names` ([`inlinks`]). Hot
+//! rows (`indeg:dirty`, `cluster:dirty`, `fwd:dirty`, `export:dirty`) are only ever notified
+//! weakly: many writers, no conflicts.
+
+use bytes::Bytes;
+
+pub mod col {
+    pub const WANT: &[u8] = b"crawl:want";
+    pub const RAW: &[u8] = b"crawl:raw";
+    pub const META: &[u8] = b"page:meta";
+    pub const LINKS: &[u8] = b"page:links";
+    pub const FOLLOW: &[u8] = b"page:follow";
+    pub const HASH: &[u8] = b"page:hash";
+    pub const REDIRECT: &[u8] = b"page:redirect";
+    pub const CANONICAL: &[u8] = b"page:canonical";
+    pub const HASH_REGISTERED: &[u8] = b"dedup:registered";
+    pub const LINKS_INVERTED: &[u8] = b"invert:done";
+    pub const TARGET_REGISTERED: &[u8] = b"alias:done";
+    pub const INDEG_DIRTY: &[u8] = b"indeg:dirty";
+    pub const INDEG: &[u8] = b"indeg:indeg";
+    pub const NAMES: &[u8] = b"indeg:names";
+    pub const BASE: &[u8] = b"indeg:base";
+    pub const EXTRA: &[u8] = b"indeg:extra";
+    pub const ALIAS_OF: &[u8] = b"indeg:alias_of";
+    pub const CHAIN: &[u8] = b"indeg:chain";
+    pub const VIA: &[u8] = b"indeg:via";
+    pub const ADDS: &[u8] = b"indeg:adds";
+    pub const ALIAS: &[u8] = b"indeg:alias";
+    pub const DELTA: &[u8] = b"indeg:delta";
+    pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
+    pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
+    pub const CLUSTER_DIGEST: &[u8] = b"cluster:digest";
+    pub const MEMBER: &[u8] = b"cluster:member";
+    pub const EDGE: &[u8] = b"edge:anchor";
+    pub const ALIAS_FROM: &[u8] = b"alias:from";
+    pub const FWD_DIRTY: &[u8] = b"fwd:dirty";
+    pub const FWD_NAMES: &[u8] = b"fwd:names";
+    pub const EXPORT_DIRTY: &[u8] = b"export:dirty";
+    pub const EXPORT_LINE: &[u8] = b"export:line";
+    pub const SCOPE: &[u8] = b"crawl:scope";
+}
+
+pub fn page(url: &str) -> Bytes {
+    Bytes::from(format!("p:{url}"))
+}
+
+/// The URL of a page row.
+pub fn url_of(row: &[u8]) -> Option<&str> {
+    std::str::from_utf8(row.strip_prefix(b"p:")?).ok()
+}
+
+pub fn edge(target: &str, source: &str) -> Bytes {
+    Bytes::from(format!("e:{target}\0{source}"))
+}
+
+/// The row holding a not yet counted change of the edges from `source` into `target`.
+pub fn delta(target: &str, source: &str) -> Bytes {
+    Bytes::from(format!("d:{target}\0{source}"))
+}
+
+/// The row counting, for the page `end`, its aliases that `source` links to.
+pub fn via(end: &str, source: &str) -> Bytes {
+    Bytes::from(format!("x:{end}\0{source}"))
+}
+
+/// The row saying that `alias` redirects, through any number of hops, to the page `end`.
+pub fn alias_at(end: &str, alias: &str) -> Bytes {
+    Bytes::from(format!("a:{end}\0{alias}"))
+}
+
+/// The row range `[start, end)` of rows `<prefix><key>\0…`.
+pub fn children(prefix: &str, key: &str) -> (Vec<u8>, Vec<u8>) {
+    (format!("{prefix}{key}\0").into_bytes(), format!("{prefix}{key}\u{1}").into_bytes())
+}
+
+/// The part of a child row after `<prefix><key>\0`.
+pub fn child_key(row: &[u8]) -> Option<&str> {
+    let at = row.iter().position(|b| *b == 0)?;
+    std::str::from_utf8(&row[at + 1..]).ok()
+}
+
+pub fn redirect_in(target: &str, source: &str) -> Bytes {
+    Bytes::from(format!("r:{target}\0{source}"))
+}
+
+pub fn cluster_head(hash: &str) -> Bytes {
+    Bytes::from(format!("c:{hash}"))
+}
+
+pub fn member(hash: &str, url: &str) -> Bytes {
+    Bytes::from(format!("c:{hash}\0{url}"))
+}
+
+pub const CONFIG_ROW: &[u8] = b"m:config";

@@ -1,0 +1,212 @@
+//! The queries: what users ask the index. Its report, the export (whole or a line at a
+//! time), one URL's record, a URL's canonical. Each reads one snapshot.
+
+use bytes::Bytes;
+use perc_txn::Client;
+use url::Url;
+
+use crate::model::{self, col, ExportLine, Meta};
+use crate::IndexError;
+
+/// How many pages the export holds (their lines are counted, not read with their inlinks).
+pub async fn page_count(client: &Client) -> Result<usize, IndexError> {
+    let t = client.begin().await?;
+    Ok(t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len())
+}
+
+/// What the index holds, each number saying what it counts (`perc status`, the crawl's
+/// summary), read in one snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Pages in the export.
+    pub pages: usize,
+    /// Duplicate clusters of two or more pages.
+    pub duplicate_clusters: usize,
+    /// URLs fetched or loaded (pages or not).
+    pub fetched: usize,
+    /// Of those, the ones that got an HTTP response (not refused by robots.txt, unreachable,
+    /// timed out or over a budget).
+    pub answered: usize,
+    /// URLs in the frontier that have not been fetched yet.
+    pub waiting: usize,
+    /// URLs fetched or loaded that are not pages, by why not (redirects included).
+    pub not_pages: std::collections::BTreeMap<String, usize>,
+    /// Of the URLs asked about ([`report`]'s `seeds`), how many got a response.
+    pub seeds_answered: usize,
+}
+
+/// The index's [`Report`]; `seeds` are the URLs whose answers it checks (a crawl's seeds).
+pub async fn report(client: &Client, seeds: &[Url]) -> Result<Report, IndexError> {
+    let t = client.begin().await?;
+    let mut r =
+        Report { pages: t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len(), ..Report::default() };
+    let members = t.scan(b"c:", b"c;", col::MEMBER).await?;
+    let mut last: Option<&[u8]> = None;
+    let mut size = 0;
+    for (row, _) in &members {
+        let hash = row.split(|b| *b == 0).next().unwrap_or(row);
+        if last != Some(hash) {
+            last = Some(hash);
+            size = 0;
+        }
+        size += 1;
+        if size == 2 {
+            r.duplicate_clusters += 1;
+        }
+    }
+    let seed_rows: std::collections::BTreeSet<Bytes> =
+        seeds.iter().map(|s| model::page(s.as_str())).collect();
+    let metas = t.scan(b"p:", b"p;", col::META).await?;
+    for (row, raw) in &metas {
+        let meta: Meta = serde_json::from_slice(raw)
+            .map_err(|e| IndexError::corrupt(format!("page:meta of {}", row.escape_ascii()), e))?;
+        if meta.status.is_some() {
+            r.answered += 1;
+            r.seeds_answered += usize::from(seed_rows.contains(row));
+        }
+        if meta.kind != "page" {
+            *r.not_pages.entry(reason_class(&meta)).or_default() += 1;
+        }
+    }
+    r.fetched = metas.len();
+    let fetched: std::collections::BTreeSet<&Bytes> = metas.iter().map(|(row, _)| row).collect();
+    r.waiting = t
+        .scan(b"p:", b"p;", col::WANT)
+        .await?
+        .iter()
+        .filter(|(row, _)| !fetched.contains(row))
+        .count();
+    Ok(r)
+}
+
+/// Why a URL is not a page, as a label that groups alike reasons (no URLs in it).
+fn reason_class(meta: &Meta) -> String {
+    let reason = meta.reason.as_str();
+    if meta.kind == "redirect" {
+        return "redirect".into();
+    }
+    for (starts, label) in [
+        ("robots.txt unreachable", "robots.txt unreachable (host given up)"),
+        ("disallowed by robots.txt", "disallowed by robots.txt"),
+        ("cannot connect to", "host unreachable"),
+        ("timed out", "timed out"),
+        ("body exceeds", "body over crawl.body_bytes_max"),
+        ("not fetched: this run reached crawl.max_pages", "over crawl.max_pages"),
+        ("not fetched: this run only replays", "not in the replayed WARCs"),
+        ("not HTML", "not HTML"),
+    ] {
+        if reason.starts_with(starts) {
+            return label.into();
+        }
+    }
+    if let Some(rest) = reason.strip_prefix("HTTP ") {
+        let code: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if !code.is_empty() && !rest[code.len()..].starts_with(" redirect") {
+            return format!("HTTP {code}");
+        }
+    }
+    reason.chars().take(60).collect()
+}
+
+/// The export snapshot: every page's line, in URL order.
+pub async fn export(client: &Client) -> Result<Vec<ExportLine>, IndexError> {
+    let mut out = Vec::new();
+    export_each(client, |line| {
+        out.push(line);
+        Ok::<_, IndexError>(())
+    })
+    .await?;
+    Ok(out)
+}
+
+/// The export, one line at a time in URL order, each handed to `each` as soon as its inlinks
+/// are joined: memory holds the pages' own fields, not every inlink. An error from `each`
+/// stops it and is returned.
+pub async fn export_each<E: From<IndexError>>(
+    client: &Client,
+    mut each: impl FnMut(ExportLine) -> Result<(), E>,
+) -> Result<(), E> {
+    let t = client.begin().await.map_err(IndexError::from)?;
+    let lines: Vec<ExportLine> = t
+        .scan(b"p:", b"p;", col::EXPORT_LINE)
+        .await
+        .map_err(IndexError::from)?
+        .into_iter()
+        .map(|(row, v)| {
+            serde_json::from_slice(&v).map_err(|e| {
+                IndexError::corrupt(format!("export:line of {}", row.escape_ascii()), e)
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    // The canonical pages' inlinks, joined from the e: rows of their fwd:names.
+    let mut lines = lines.into_iter().peekable();
+    while lines.peek().is_some() {
+        let chunk: Vec<ExportLine> = lines.by_ref().take(512).collect();
+        let keys: Vec<(Bytes, Bytes)> = chunk
+            .iter()
+            .map(|l| (model::page(&l.url), Bytes::from_static(col::FWD_NAMES)))
+            .collect();
+        let names = t.get_many(&keys).await.map_err(IndexError::from)?;
+        for (line, names) in chunk.into_iter().zip(names) {
+            each(model::full_line(&t, line, names).await?)?;
+        }
+    }
+    Ok(())
+}
+
+/// What perc knows about one URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PageInfo {
+    Page(ExportLine),
+    /// Fetched (or loaded) but not a page: why.
+    NotAPage(Meta),
+    /// In the frontier, not fetched yet.
+    Pending,
+    Unknown,
+}
+
+pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, IndexError> {
+    let t = client.begin().await?;
+    let row = model::page(url.as_str());
+    if let Some(line) = model::get_json::<ExportLine>(&t, &row, col::EXPORT_LINE).await? {
+        let names = t.get(&row, col::FWD_NAMES).await?;
+        return Ok(PageInfo::Page(model::full_line(&t, line, names).await?));
+    }
+    if let Some(meta) = model::get_json::<Meta>(&t, &row, col::META).await? {
+        return Ok(PageInfo::NotAPage(meta));
+    }
+    if t.get(&row, col::WANT).await?.is_some() || t.get(&row, col::RAW).await?.is_some() {
+        return Ok(PageInfo::Pending);
+    }
+    Ok(PageInfo::Unknown)
+}
+
+/// The canonical URL of a page, of a duplicate, or of an alias (following redirects).
+/// `Err` names what the URL is instead when it has none.
+pub async fn canonical(client: &Client, url: &Url) -> Result<Result<String, String>, IndexError> {
+    let t = client.begin().await?;
+    let mut current = url.to_string();
+    for _ in 0..=crate::indegree::ALIAS_HOPS_MAX {
+        let row = model::page(&current);
+        let meta = model::get_json::<Meta>(&t, &row, col::META).await?;
+        match meta {
+            None => {
+                return Ok(Err(if current == url.as_str() {
+                    format!("{url} is not known to this index")
+                } else {
+                    format!("{url} redirects to {current}, which is not known to this index")
+                }))
+            }
+            Some(m) if m.kind == "page" => {
+                let c = t
+                    .get(&row, col::CANONICAL)
+                    .await?
+                    .map(|c| String::from_utf8_lossy(&c).into_owned());
+                return Ok(Ok(c.unwrap_or(current)));
+            }
+            Some(m) if m.kind == "redirect" => current = m.redirect_to.unwrap_or_default(),
+            Some(m) => return Ok(Err(format!("{current} is not a page: {}", m.reason))),
+        }
+    }
+    Ok(Err(format!("{url}: too many redirects")))
+}
