@@ -9,10 +9,10 @@ use std::time::Instant;
 use anyhow::{anyhow, Result};
 use perc_bigtable::{BigtableConfig, BigtableStore, Emulator};
 use perc_crawl::warc::Recorded;
-use perc_notify::{client_for, Engine, NotifyConfig, StoreLease, Workers};
+use perc_notify::Workers;
 use perc_oracle::{ClientConfig, LocalOracle, Oracle, RemoteOracle};
+use perc_pipeline::{Backend, Config, Pipeline};
 use perc_store::{Counted, MemStore, Schema, Store};
-use perc_txn::{Clock, SystemClock, TxnConfig};
 
 use crate::table::{rate, scaled, Table};
 
@@ -66,8 +66,15 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     let bt: Arc<dyn Store> = Arc::new(BigtableStore::open(&config, perc_notify::schema()).await?);
     let store = Arc::new(Counted::new(bt));
     let shared: Arc<dyn Store> = store.clone();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let connect = || RemoteOracle::connect(&addr, ClientConfig::default());
+    // Each worker is a pipeline of its own, as a `perc worker` process is, on the one table.
+    let mut config = Config::defaults();
+    config.store.backend = Backend::Bigtable;
+    config.workers.gc_interval_ms = 0;
+    let open = async || -> Result<Pipeline> {
+        let oracle: Arc<dyn Oracle> =
+            Arc::new(RemoteOracle::connect(&addr, ClientConfig::default()).await?);
+        Ok(Pipeline::builder(config.clone()).store(shared.clone()).oracle(oracle).open().await?)
+    };
     let n = scaled(500, scale) as usize;
     let web = perc_synth::Web::new(perc_synth::Spec::new(n, 7));
     let recorded: Vec<Recorded> =
@@ -75,26 +82,11 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     let mut running = Vec::new();
     let mut engines = Vec::new();
     for _ in 0..workers {
-        let oracle: Arc<dyn Oracle> = Arc::new(connect().await?);
-        let registry = Arc::new(perc_observers::registry(Arc::new(perc_crawl::Offline))?);
-        let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
-        let client =
-            client_for(shared.clone(), oracle, clock.clone(), relaxed, registry.clone()).await?;
-        let lease = Arc::new(StoreLease::new(
-            shared.clone(),
-            clock.clone(),
-            30_000,
-            &client.id().to_string(),
-        ));
-        let nc = NotifyConfig { gc_interval_ms: 0, ..NotifyConfig::default() };
-        let engine = Arc::new(Engine::with_lease(client, registry, nc, lease));
-        running.push(Workers::start(engine.clone(), &tokio::runtime::Handle::current()));
-        engines.push(engine);
+        let worker = open().await?;
+        running.push(Workers::start(worker.engine.clone(), &tokio::runtime::Handle::current()));
+        engines.push(worker.engine.clone());
     }
-    let oracle: Arc<dyn Oracle> = Arc::new(connect().await?);
-    let registry = Arc::new(perc_observers::registry(Arc::new(perc_crawl::Offline))?);
-    let loader =
-        client_for(shared.clone(), oracle, clock.clone(), TxnConfig::default(), registry).await?;
+    let loader = open().await?.client;
     let before = store.counts();
     let start = Instant::now();
     perc_observers::load_recorded(&loader, &recorded).await?;

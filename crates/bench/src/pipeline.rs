@@ -7,52 +7,36 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use perc_crawl::warc::Recorded;
-use perc_crawl::{
-    Crawler, FetchLimits, HttpFetcher, Polite, PolitenessConfig, RobotsCache, Source,
-};
-use perc_notify::{client_for, Engine, NotifyConfig, Workers};
 use perc_observers::model::CrawlScope;
-use perc_oracle::{LocalOracle, Oracle};
-use perc_store::{Counted, OpCounts, SledOptions, SledStore, Store};
+use perc_pipeline::{Config, Create, Fetching, Pipeline};
+use perc_store::{Counted, OpCounts, Store};
 use perc_synth::{Spec, Web};
-use perc_txn::{Clock, SystemClock, TxnConfig};
+use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use crate::table::{rate, scaled, Table};
 
+/// A pipeline as the CLI opens it, on sled in a temporary directory, its store calls counted.
 struct Setup {
     _dir: tempfile::TempDir,
     store: Arc<Counted<Arc<dyn Store>>>,
-    engine: Arc<Engine>,
-    client: perc_txn::Client,
+    pipeline: Pipeline,
 }
 
-async fn setup(source: Arc<dyn Source>) -> Result<Setup> {
+async fn setup(fetching: Fetching) -> Result<Setup> {
     let dir = tempfile::tempdir()?;
-    let sled: Arc<dyn Store> =
-        Arc::new(SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default())?);
+    let mut config = Config::defaults();
+    config.store.data = dir.path().display().to_string();
+    config.workers.concurrency = 32;
+    config.workers.gc_interval_ms = 0;
+    let sled = perc_pipeline::open_store(&config, Create::IfMissing).await?;
     let store = Arc::new(Counted::new(sled));
-    let dyn_store: Arc<dyn Store> = store.clone();
-    let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(dyn_store.clone(), 1_000_000).await?);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = Arc::new(perc_observers::registry(source)?);
-    // As in the CLI: observer runs do not flush at their commit point.
-    let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
-    let ec =
-        client_for(dyn_store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
-            .await?;
-    let client =
-        client_for(dyn_store, oracle, clock, TxnConfig::default(), registry.clone()).await?;
-    let config = NotifyConfig { concurrency: 32, gc_interval_ms: 0, ..NotifyConfig::default() };
-    Ok(Setup { _dir: dir, store, engine: Arc::new(Engine::new(ec, registry, config)), client })
-}
-
-async fn quiesce(s: &Setup) -> Result<()> {
-    let workers = Workers::start(s.engine.clone(), &tokio::runtime::Handle::current());
-    workers.wait().await?;
-    workers.shutdown().await;
-    Ok(())
+    let pipeline = Pipeline::builder(config)
+        .store(store.clone() as Arc<dyn Store>)
+        .fetching(fetching)
+        .open()
+        .await?;
+    Ok(Setup { _dir: dir, store, pipeline })
 }
 
 fn ops_note(before: OpCounts, after: OpCounts, pages: usize) -> String {
@@ -79,40 +63,42 @@ pub fn run(scale: f64) -> Result<()> {
         let web = Web::new(Spec::new(n, 7));
         let mut t = Table::new();
 
-        // The physical limit: parse, hash and extract links, nothing stored.
+        let warc_dir = tempfile::tempdir()?;
+        let warc = warc_dir.path().join("synth.warc.gz");
+        perc_synth::write::warc(&web, &warc)?;
+
+        // The physical limit: read the WARC, parse, hash and extract links, nothing stored.
         let start = Instant::now();
         let mut links = 0usize;
-        for (url, r) in web.responses() {
-            if r.status == 200 {
-                let parsed = perc_crawl::parse(&url, &r.body, r.charset.as_deref());
-                std::hint::black_box(perc_crawl::content_hash(&r.body));
+        perc_crawl::warc::read_each(&warc, u64::MAX, |r| {
+            if r.response.status == 200 {
+                let body = &r.response.body;
+                let parsed = perc_crawl::parse(&r.url, body, r.response.charset.as_deref());
+                std::hint::black_box(perc_crawl::content_hash(body));
                 links += parsed.links.len();
             }
-        }
+        })?;
         let bare = start.elapsed().as_secs_f64();
         t.add(
-            format!("bare parse + blake3 + links, {n} pages"),
+            format!("bare WARC read + parse + blake3 + links, {n} pages"),
             rate(n as u64, bare),
             format!("{links} links; one thread, no store"),
         );
 
-        // Replay: load every response, run the pipeline to quiescence.
-        let s = setup(Arc::new(perc_crawl::Offline)).await?;
-        let recorded: Vec<Recorded> =
-            web.responses().map(|(url, response)| Recorded { url, response }).collect();
+        // Replay: `perc replay` of the same WARC, to quiescence.
+        let s = setup(Fetching::Offline).await?;
         let before = s.store.counts();
         let start = Instant::now();
-        perc_observers::load_recorded(&s.client, &recorded).await?;
-        quiesce(&s).await?;
+        let replayed = s.pipeline.replay(&[warc], &CancellationToken::new()).await?;
         let replay = start.elapsed().as_secs_f64();
-        let indexed = perc_observers::export(&s.client).await?.len();
+        let indexed = replayed.pages;
         t.add(
             format!("replay end to end, {n} pages"),
             rate(n as u64, replay),
             format!("{indexed} pages indexed; {}", ops_note(before, s.store.counts(), indexed)),
         );
         t.add("replay / bare throughput", format!("{:.2}", bare / replay), "goal >= 0.5");
-        for st in s.engine.stats() {
+        for st in s.pipeline.engine.stats() {
             t.add(
                 format!("replay: {} runs per indexed page", st.name),
                 format!("{:.2}", st.commits as f64 / indexed as f64),
@@ -130,13 +116,7 @@ pub fn run(scale: f64) -> Result<()> {
         perc_synth::write::site(&web, dir.path())?;
         let served = perc_cli::site::serve(dir.path()).await?;
         let base = served.base();
-        let limits = FetchLimits::default();
-        let polite = Arc::new(Polite::new(
-            HttpFetcher::new(limits).map_err(|e| anyhow::anyhow!("{e}"))?,
-            PolitenessConfig::default(),
-        ));
-        let robots = RobotsCache::new(polite.clone(), "perc", 3_600_000, 1_000, 3);
-        let s = setup(Arc::new(Crawler::new(polite, robots))).await?;
+        let s = setup(Fetching::Live { warc_out: None }).await?;
         let seeds: Vec<Url> =
             (0..n).step_by(97).map(|i| base.join(&format!("p/{i}.html")).unwrap()).collect();
         let scope = CrawlScope {
@@ -147,11 +127,9 @@ pub fn run(scale: f64) -> Result<()> {
         };
         let before = s.store.counts();
         let start = Instant::now();
-        perc_observers::seed(&s.client, &seeds, &scope).await?;
-        quiesce(&s).await?;
+        let (run, report) = s.pipeline.crawl(&seeds, &scope, &CancellationToken::new()).await?;
         let crawl = start.elapsed().as_secs_f64();
-        let fetched = s.engine.stats().iter().find(|x| x.name == "fetch").map_or(0, |x| x.commits);
-        let indexed = perc_observers::export(&s.client).await?.len();
+        let (fetched, indexed) = (run.fetched, report.pages);
         t.add(
             format!("crawl of the site on 127.0.0.1, {fetched} URLs fetched"),
             rate(fetched, crawl),

@@ -16,11 +16,10 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use perc_crawl::warc::Recorded;
-use perc_notify::{client_for, Engine, NotifyConfig, Workers};
-use perc_oracle::{LocalOracle, Oracle};
-use perc_store::{Counted, SledOptions, SledStore, Store};
+use perc_notify::Workers;
+use perc_pipeline::{Config, Create, Pipeline};
+use perc_store::{Counted, Store};
 use perc_synth::{Change, Spec, Web};
-use perc_txn::{Clock, SystemClock, TxnConfig};
 
 use crate::table::{rate, scaled, Table};
 
@@ -55,6 +54,17 @@ fn peak_rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
+/// The bytes of every file under `dir`: the store's size on disk.
+fn dir_bytes(dir: &std::path::Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+    }
+    Ok(total)
+}
+
 /// The child: one size, start to end.
 pub fn one(pages: usize) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -65,20 +75,17 @@ pub fn one(pages: usize) -> Result<()> {
 
 async fn measure(pages: usize) -> Result<Figures> {
     let dir = tempfile::tempdir()?;
-    let sled =
-        Arc::new(SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default())?);
-    let store = Arc::new(Counted::new(sled.clone() as Arc<dyn Store>));
-    let shared: Arc<dyn Store> = store.clone();
-    let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(shared.clone(), 1_000_000).await?);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = Arc::new(perc_observers::registry(Arc::new(perc_crawl::Offline))?);
-    let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
-    let ec = client_for(shared.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
-        .await?;
-    let loader = client_for(shared, oracle, clock, TxnConfig::default(), registry.clone()).await?;
-    let config = NotifyConfig { concurrency: 32, gc_interval_ms: 0, ..NotifyConfig::default() };
-    let engine = Arc::new(Engine::new(ec, registry, config));
-    let workers = Workers::start(engine, &tokio::runtime::Handle::current());
+    let mut config = Config::defaults();
+    config.store.data = dir.path().display().to_string();
+    config.workers.concurrency = 32;
+    config.workers.gc_interval_ms = 0;
+    let sled = perc_pipeline::open_store(&config, Create::IfMissing).await?;
+    let store = Arc::new(Counted::new(sled.clone()));
+    let pipeline = Pipeline::builder(config).store(store.clone() as Arc<dyn Store>).open().await?;
+    let loader = pipeline.client.clone();
+    // Updates arrive while the workers run, as in `perc serve`: they are started here and
+    // waited on after each load, rather than run to quiescence per command.
+    let workers = Workers::start(pipeline.engine.clone(), &tokio::runtime::Handle::current());
     let web = Web::new(Spec::new(pages, 11));
 
     // 1. Replay: stream the web in, the workers indexing as it arrives.
@@ -100,7 +107,7 @@ async fn measure(pages: usize) -> Result<Figures> {
     let indexed = perc_observers::page_count(&loader).await?;
     // A running system collects old versions as it goes (every `gc_interval_ms`); the bulk
     // load outran the interval, so collect once before measuring updates.
-    perc_notify::gc::collect(&loader, 4096).await?;
+    perc_txn::gc::collect(&loader, 4096).await?;
 
     // 2. Update latency: one page's content and links change; wait for every effect.
     let mut latencies = Vec::with_capacity(UPDATES);
@@ -133,14 +140,14 @@ async fn measure(pages: usize) -> Result<Figures> {
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
     workers.shutdown().await;
-    sled.sync().await?;
+    pipeline.close().await?;
     Ok(Figures {
         pages,
         indexed,
         replay_s,
         calls_per_page: calls as f64 / indexed.max(1) as f64,
         rss_kb: peak_rss_kb(),
-        disk_bytes: sled.size_on_disk()?,
+        disk_bytes: dir_bytes(dir.path())?,
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
         update_calls,

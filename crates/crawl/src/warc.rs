@@ -137,7 +137,7 @@ pub fn read_each(
 /// held more (the rest is inflated into nothing, so the reader ends after the member).
 fn inflate_member(reader: impl BufRead, cap: u64, record: &mut Vec<u8>) -> io::Result<bool> {
     let mut member = flate2::bufread::GzDecoder::new(reader);
-    member.by_ref().take(cap + 1).read_to_end(record)?;
+    member.by_ref().take(cap.saturating_add(1)).read_to_end(record)?;
     if record.len() as u64 <= cap {
         return Ok(true);
     }

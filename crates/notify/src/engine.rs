@@ -380,7 +380,8 @@ impl Engine {
 
     /// Fault injection: one run of `p`'s observer whose commit stops at `step`, as a crash of
     /// the worker there would leave it; the notification is not cleared. Returns whether the
-    /// observer ran. For tests; workers call [`Self::process`].
+    /// observer ran. For tests (the `failpoints` feature); workers call [`Self::process`].
+    #[cfg(feature = "failpoints")]
     pub async fn process_crashing_at(
         &self,
         p: &Pending,
@@ -435,9 +436,12 @@ impl Engine {
             None => {
                 txn.commit().await?;
             }
+            #[cfg(feature = "failpoints")]
             Some(step) => {
                 txn.commit_crashing_at(step).await?;
             }
+            #[cfg(not(feature = "failpoints"))]
+            Some(_) => unreachable!("crash points come only with the failpoints feature"),
         }
         Ok(true)
     }

@@ -8,7 +8,8 @@
 //! observer's ack column; the ack makes message collapsing and "at most one commit per
 //! notification" fall out of ordinary write-write conflicts ([`engine`]). Weak notifications
 //! mark a row without a write, for hot rows. Scanners, bounded workers, quiescence and
-//! garbage collection are in [`workers`] and [`gc`].
+//! the garbage collector's schedule are in [`workers`]; collection itself
+//! is the transaction layer's ([`perc_txn::gc`]).
 //!
 //! ```text
 //!   row "a"   data/lock/write  "page:body"            the watched column (transactional)
@@ -18,7 +19,6 @@
 //! ```
 
 pub mod engine;
-pub mod gc;
 pub mod lease;
 pub mod observer;
 pub mod workers;
@@ -30,7 +30,6 @@ use perc_store::{FamilySpec, Schema, Store};
 use perc_txn::{Client, Clock, TxnConfig, TxnError};
 
 pub use engine::{Engine, FailedEntry, ObserverStats, Pending, RunOutcome, StepReport, FAILED};
-pub use gc::GcReport;
 pub use lease::{LeaseGuard, LocalLease, RowLease, StoreLease};
 pub use observer::{
     ack_column, NotifyKind, Observer, ObserverError, Registration, Registry, RegistryError,

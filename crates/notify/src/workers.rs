@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
-use crate::gc;
+use perc_txn::gc;
 use perc_txn::TxnError;
 
 const SAMPLE_ROWS: usize = 256;

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use perc_notify::{
-    client_for, gc, Engine, NotifyConfig, NotifyKind, Observer, ObserverError, Pending, Registry,
+    client_for, Engine, NotifyConfig, NotifyKind, Observer, ObserverError, Pending, Registry,
     RunOutcome, Workers,
 };
 use perc_oracle::{LocalOracle, Oracle};
 use perc_store::{MemStore, Scan, SledOptions, SledStore, Store, Ts};
+use perc_txn::gc;
 use perc_txn::{Client, Clock, CommitStep, ManualClock, SystemClock, Transaction, TxnConfig};
 
 struct Env {

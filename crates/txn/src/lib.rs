@@ -25,6 +25,7 @@
 pub mod actions;
 pub mod clock;
 pub mod error;
+pub mod gc;
 pub mod liveness;
 pub mod record;
 
@@ -655,7 +656,9 @@ impl Transaction {
     }
 
     /// Runs the commit only up to `step`, then stops as if the process died there: nothing
-    /// is cleaned up. For fault-injection tests; production code calls [`Self::commit`].
+    /// is cleaned up. For fault-injection tests (the `failpoints` feature); production code
+    /// calls [`Self::commit`].
+    #[cfg(feature = "failpoints")]
     pub async fn commit_crashing_at(self, step: CommitStep) -> Result<Crashed, TxnError> {
         match self.commit_inner(Some(step)).await? {
             Outcome::Crashed(c) => Ok(c),
@@ -810,6 +813,8 @@ async fn set_notifications(
 
 enum Outcome {
     Committed(Option<Ts>),
+    /// Only with a crash point, which only the `failpoints` feature can give.
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     Crashed(Crashed),
 }
 

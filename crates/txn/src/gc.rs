@@ -14,12 +14,13 @@
 //!
 //! A cell holding a lock is skipped (its data may still be rolled forward), and each cell is
 //! cleaned with one conditional mutation guarded by "no lock". Ack columns are transactional
-//! columns and are collected the same way; processed notify cells are deleted when processed.
+//! columns and are collected the same way (the notification layer deletes its notify cells
+//! itself, as it processes them).
 //! Registry rows of workers dead for ten liveness TTLs are removed.
 
+use crate::{actions, Client, TxnError, WriteKind, WriteRecord};
 use bytes::Bytes;
 use perc_store::{Condition, Mutation, Scan, ScanCell, Ts, TsRange};
-use perc_txn::{actions, Client, TxnError, WriteKind, WriteRecord};
 
 /// What one pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -11,11 +11,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use perc_crawl::warc::Recorded;
 use perc_crawl::{Fetched, Response, Source};
-use perc_notify::{client_for, Engine, NotifyConfig};
 use perc_observers::model::{CrawlScope, ExportLine, Inlink};
-use perc_oracle::{LocalOracle, Oracle};
-use perc_store::{MemStore, Store};
-use perc_txn::{Client, Clock, ManualClock, TxnConfig};
+use perc_pipeline::{Backend, Config, Pipeline};
+use perc_txn::ManualClock;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use url::Url;
@@ -211,35 +209,29 @@ fn reference_crawl(web: &Web, seeds: &[&str], scope: &CrawlScope) -> BTreeMap<St
 
 // ---------------------------------------------------------------------------------------
 
-struct Harness {
-    engine: Engine,
-    client: Client,
+type Harness = Pipeline;
+
+/// A pipeline on a memory store, fetching from `web`, with `workers`' settings.
+async fn pipeline(web: &Web, workers: impl FnOnce(&mut perc_notify::NotifyConfig)) -> Pipeline {
+    let mut config = Config::defaults();
+    config.store.backend = Backend::Memory;
+    config.workers.failures_max = 1;
+    workers(&mut config.workers);
+    Pipeline::builder(config).source(Arc::new(web.clone())).open().await.unwrap()
 }
 
+/// A pipeline whose time stands still unless a test moves it; the tests drive its engine
+/// step by step.
 async fn harness(web: &Web) -> Harness {
-    let store: Arc<dyn Store> = Arc::new(MemStore::new(perc_notify::schema()));
-    let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(store.clone(), 1000).await.unwrap());
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
-    let registry = Arc::new(perc_observers::registry(Arc::new(web.clone())).unwrap());
-    let engine_client = client_for(
-        store.clone(),
-        oracle.clone(),
-        clock.clone(),
-        TxnConfig::default(),
-        registry.clone(),
-    )
-    .await
-    .unwrap();
-    let client =
-        client_for(store, oracle, clock, TxnConfig::default(), registry.clone()).await.unwrap();
-    Harness {
-        engine: Engine::new(
-            engine_client,
-            registry,
-            NotifyConfig { failures_max: 1, ..NotifyConfig::default() },
-        ),
-        client,
-    }
+    let mut config = Config::defaults();
+    config.store.backend = Backend::Memory;
+    config.workers.failures_max = 1;
+    Pipeline::builder(config)
+        .source(Arc::new(web.clone()))
+        .clock(Arc::new(ManualClock::new(1_000_000)))
+        .open()
+        .await
+        .unwrap()
 }
 
 async fn load(h: &Harness, url: &str, r: Response) {
@@ -443,41 +435,20 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
             let n = rng.random_range(3..14);
             let urls: Vec<String> = (0..n).map(|i| format!("http://site.test/p{i}")).collect();
             let web = Web::default();
-            let store: Arc<dyn Store> = Arc::new(MemStore::new(perc_notify::schema()));
-            let oracle: Arc<dyn Oracle> =
-                Arc::new(LocalOracle::open(store.clone(), 1000).await.unwrap());
-            let clock: Arc<dyn Clock> = Arc::new(perc_txn::SystemClock);
-            let registry = Arc::new(perc_observers::registry(Arc::new(web.clone())).unwrap());
-            let relaxed = TxnConfig { sync_commits: false, ..TxnConfig::default() };
-            let ec =
-                client_for(store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
-                    .await
-                    .unwrap();
-            let client = client_for(store, oracle, clock, TxnConfig::default(), registry.clone())
-                .await
-                .unwrap();
-            let config = NotifyConfig {
-                scanners: 3,
-                concurrency: 8,
-                scan_batch: 8,
-                idle_ms: 1,
-                // Weak notifications gather while the workers are busy: nothing may be lost.
-                gather_ms: 5,
-                conflict_retries: 100,
-                gc_interval_ms: 0,
-                ..NotifyConfig::default()
-            };
-            let engine = Arc::new(Engine::new(ec, registry, config));
+            // Weak notifications gather while the workers are busy: nothing may be lost.
+            let h = pipeline(&web, |w| {
+                w.scanners = 3;
+                w.concurrency = 8;
+                w.scan_batch = 8;
+                w.idle_ms = 1;
+                w.gather_ms = 5;
+                w.conflict_retries = 100;
+                w.gc_interval_ms = 0;
+            })
+            .await;
+            let engine = h.engine.clone();
             let workers =
                 perc_notify::Workers::start(engine.clone(), &tokio::runtime::Handle::current());
-            let h = Harness {
-                engine: Engine::new(
-                    client.clone(),
-                    Arc::new(perc_notify::Registry::new()),
-                    NotifyConfig::default(),
-                ),
-                client,
-            };
             let mut bodies = Vec::new();
             let mut fetched: BTreeMap<String, Response> = BTreeMap::new();
             for _ in 0..(n + rng.random_range(0..25)) {
