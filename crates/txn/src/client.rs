@@ -1,0 +1,212 @@
+//! The client: a registered participant that begins transactions. It holds the store, the
+//! oracle and the clock, heartbeats its liveness row, publishes the low watermark below which
+//! none of its transactions will read, and retries whole transactions on conflict.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use perc_oracle::Oracle;
+use perc_store::{Store, Ts};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::{
+    ClientId, Clock, Liveness, Retryable, Transaction, TxnConfig, TxnError, Watch, WatchNothing,
+};
+
+/// A handle for running transactions: one registered participant (a [`ClientId`] with a
+/// liveness row). Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) oracle: Arc<dyn Oracle>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) liveness: Liveness,
+    pub(crate) id: ClientId,
+    pub(crate) config: TxnConfig,
+    pub(crate) watch: Arc<dyn Watch>,
+    pub(crate) last_heartbeat_ms: AtomicU64,
+    /// Start timestamps of this worker's open transactions (a multiset), and the newest
+    /// timestamp it has received: together they bound from below every start_ts this worker
+    /// will ever use (its low watermark).
+    pub(crate) active: Mutex<BTreeMap<Ts, usize>>,
+    pub(crate) last_seen_ts: AtomicU64,
+    pub(crate) rng: Mutex<SmallRng>,
+}
+
+impl Client {
+    /// Registers a new client (its id is a fresh oracle timestamp, so unique) and returns its
+    /// client.
+    pub async fn new(
+        store: Arc<dyn Store>,
+        oracle: Arc<dyn Oracle>,
+        clock: Arc<dyn Clock>,
+        config: TxnConfig,
+    ) -> Result<Client, TxnError> {
+        Client::with_watch(store, oracle, clock, config, Arc::new(WatchNothing)).await
+    }
+
+    /// A client whose commits set notify cells for the columns `watch` names.
+    pub async fn with_watch(
+        store: Arc<dyn Store>,
+        oracle: Arc<dyn Oracle>,
+        clock: Arc<dyn Clock>,
+        config: TxnConfig,
+        watch: Arc<dyn Watch>,
+    ) -> Result<Client, TxnError> {
+        let first = oracle.next().await?;
+        let id = ClientId(first.0);
+        let liveness = Liveness::new(store.clone(), clock.clone(), config.liveness_ttl_ms);
+        // Every later start_ts comes from the oracle after this one: `first` is a valid low
+        // watermark from the moment the row exists.
+        liveness.heartbeat(id, first).await?;
+        let rng = SmallRng::seed_from_u64(config.seed ^ id.0);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                last_heartbeat_ms: AtomicU64::new(clock.now_ms()),
+                store,
+                oracle,
+                clock,
+                liveness,
+                id,
+                config,
+                watch,
+                active: Mutex::new(BTreeMap::new()),
+                last_seen_ts: AtomicU64::new(first.0),
+                rng: Mutex::new(rng),
+            }),
+        })
+    }
+
+    /// This client's identity in locks (as their owner) and in the liveness registry.
+    pub fn id(&self) -> ClientId {
+        self.inner.id
+    }
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+    pub fn oracle(&self) -> &Arc<dyn Oracle> {
+        &self.inner.oracle
+    }
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+    pub fn liveness(&self) -> &Liveness {
+        &self.inner.liveness
+    }
+    pub fn config(&self) -> &TxnConfig {
+        &self.inner.config
+    }
+
+    /// Refreshes this worker's heartbeat. A worker that runs long calls this periodically
+    /// (every third of `liveness_ttl_ms`); commits also refresh it when it is getting old.
+    pub async fn heartbeat(&self) -> Result<(), TxnError> {
+        let now = self.inner.clock.now_ms();
+        // A fresh timestamp first: a begin that could still get a smaller one has already
+        // put its placeholder in `active`, so the minimum below accounts for it.
+        let fresh = self.inner.oracle.next().await?;
+        self.inner.last_seen_ts.fetch_max(fresh.0, Ordering::SeqCst);
+        self.inner.liveness.heartbeat(self.inner.id, self.low_watermark()).await?;
+        self.inner.last_heartbeat_ms.store(now, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// No transaction of this worker, open or future, has a start_ts below this.
+    pub fn low_watermark(&self) -> Ts {
+        let active = self.inner.active.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = Ts(self.inner.last_seen_ts.load(Ordering::SeqCst));
+        active.keys().next().copied().map_or(seen, |oldest| oldest.min(seen))
+    }
+
+    fn track(&self, ts: Ts) {
+        let mut active = self.inner.active.lock().unwrap_or_else(|e| e.into_inner());
+        *active.entry(ts).or_default() += 1;
+    }
+
+    pub(crate) fn untrack(&self, ts: Ts) {
+        let mut active = self.inner.active.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = active.get_mut(&ts) {
+            *n -= 1;
+            if *n == 0 {
+                active.remove(&ts);
+            }
+        }
+    }
+
+    /// Leaves the registry (a clean shutdown). Locks left behind become cleanable at once.
+    pub async fn deregister(&self) -> Result<(), TxnError> {
+        self.inner.liveness.deregister(self.inner.id).await
+    }
+
+    pub async fn begin(&self) -> Result<Transaction, TxnError> {
+        // An idle worker may have been declared dead: come back to life before taking a
+        // snapshot, so that garbage collection either sees our watermark or ran before it.
+        self.heartbeat_if_old().await?;
+        // Hold the watermark at the last timestamp seen until the new one is known, so that
+        // a heartbeat published meanwhile never claims more than is true.
+        let placeholder = Ts(self.inner.last_seen_ts.load(Ordering::SeqCst));
+        self.track(placeholder);
+        let got = self.inner.oracle.next().await;
+        if let Ok(ts) = &got {
+            self.track(*ts);
+            self.inner.last_seen_ts.fetch_max(ts.0, Ordering::SeqCst);
+        }
+        self.untrack(placeholder);
+        let start_ts = got?;
+        Ok(Transaction {
+            client: self.clone(),
+            start_ts,
+            writes: BTreeMap::new(),
+            weak: BTreeSet::new(),
+            reads: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub(crate) async fn heartbeat_if_old(&self) -> Result<(), TxnError> {
+        let last = self.inner.last_heartbeat_ms.load(Ordering::Relaxed);
+        if self.inner.clock.now_ms().saturating_sub(last) * 3 >= self.inner.config.liveness_ttl_ms {
+            self.heartbeat().await?;
+        }
+        Ok(())
+    }
+
+    /// Runs `attempt` in new transactions until it returns anything but a retryable outcome
+    /// (a conflict, a lock, a rollback): the loop every writer outside the observer framework
+    /// (loaders, counters) needs. Locks of dead workers are cleaned by the attempts
+    /// themselves. A live owner's lock is stale, and cleanable, after one lock TTL (or its
+    /// owner's liveness TTL once it stops heartbeating); the loop keeps trying for twice their
+    /// sum (at least 2 s) and then gives up with the last conflict.
+    pub async fn retrying<T, E: Retryable>(
+        &self,
+        mut attempt: impl AsyncFnMut(&Client) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let c = &self.inner.config;
+        let deadline =
+            self.inner.clock.now_ms() + 2 * (c.lock_ttl_ms + c.liveness_ttl_ms).max(1_000);
+        let mut n = 0;
+        loop {
+            match attempt(self).await {
+                Err(e) if e.is_retryable() && self.inner.clock.now_ms() < deadline => {
+                    let pause = self.backoff_ms(n);
+                    n += 1;
+                    self.inner.clock.sleep_ms(pause).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// A jittered exponential backoff for attempt `n` (0-based), in ms.
+    pub fn backoff_ms(&self, attempt: u32) -> u64 {
+        let c = &self.inner.config;
+        let cap =
+            c.backoff_min_ms.saturating_mul(1u64 << attempt.min(20)).min(c.backoff_max_ms).max(1);
+        let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
+        rng.random_range(cap / 2..=cap)
+    }
+}

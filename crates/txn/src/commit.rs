@@ -1,0 +1,234 @@
+//! The commit (the paper's Figure 6): prewrite every cell (one conditional mutation per row,
+//! the primary's row first), set the notify cells at commit_ts, commit the primary durably
+//! (the commit point), then the secondaries in one batch. Crash points for fault tests stop
+//! it part-way, as a dead process would (the `failpoints` feature).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use perc_store::{ColumnRead, Store, Ts, TsRange};
+
+use crate::actions::{self, lock_col, CellWrite, LockInfo};
+use crate::{Client, LockRecord, Transaction, TxnError, WriteKind};
+
+/// Where to stop a commit, to leave the store as a crash at that step would.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CommitStep {
+    AfterPrewritePrimary,
+    AfterPrewriteAll,
+    /// After the notify cells are set at commit_ts, before the primary commits.
+    BeforeCommitPrimary,
+    AfterCommitPrimary,
+    /// After committing half of the secondary rows (rounded down).
+    MidSecondaries,
+}
+
+impl CommitStep {
+    /// Every step, in commit order.
+    pub const ALL: [CommitStep; 5] = [
+        CommitStep::AfterPrewritePrimary,
+        CommitStep::AfterPrewriteAll,
+        CommitStep::BeforeCommitPrimary,
+        CommitStep::AfterCommitPrimary,
+        CommitStep::MidSecondaries,
+    ];
+}
+
+/// How a commit stopped by [`Transaction::commit_crashing_at`] left the transaction.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Crashed {
+    BeforeCommitPoint,
+    AfterCommitPoint(Ts),
+}
+
+impl Transaction {
+    /// Commits: prewrite (primary's row first), commit the primary (durably), then the
+    /// secondaries. Returns the commit timestamp, or `None` for a read-only transaction.
+    pub async fn commit(self) -> Result<Option<Ts>, TxnError> {
+        match self.commit_inner(None).await? {
+            Outcome::Committed(ts) => Ok(ts),
+            Outcome::Crashed(_) => unreachable!("no crash point was given"),
+        }
+    }
+
+    /// Runs the commit only up to `step`, then stops as if the process died there: nothing
+    /// is cleaned up. For fault-injection tests (the `failpoints` feature); production code
+    /// calls [`Self::commit`].
+    #[cfg(feature = "failpoints")]
+    pub async fn commit_crashing_at(self, step: CommitStep) -> Result<Crashed, TxnError> {
+        match self.commit_inner(Some(step)).await? {
+            Outcome::Crashed(c) => Ok(c),
+            Outcome::Committed(Some(ts)) => Ok(Crashed::AfterCommitPoint(ts)),
+            Outcome::Committed(None) => Ok(Crashed::BeforeCommitPoint),
+        }
+    }
+
+    async fn commit_inner(mut self, crash: Option<CommitStep>) -> Result<Outcome, TxnError> {
+        let writes = std::mem::take(&mut self.writes);
+        let weak = std::mem::take(&mut self.weak);
+        let client = self.client.clone();
+        let store = client.store().as_ref();
+        let start_ts = self.start_ts;
+        if writes.is_empty() {
+            if !weak.is_empty() {
+                let ts = client.oracle().next().await?;
+                set_notifications(store, weak, ts).await?;
+            }
+            return Ok(Outcome::Committed(None));
+        }
+        // A worker whose heartbeat lapsed may have been declared dead: its locks may be gone
+        // and garbage collection may have passed its snapshot. Refuse; a retry starts fresh.
+        let last_beat = client.inner.last_heartbeat_ms.load(Ordering::Relaxed);
+        if client.clock().now_ms().saturating_sub(last_beat) > client.config().liveness_ttl_ms {
+            client.heartbeat().await?;
+            return Err(TxnError::RolledBack { start_ts });
+        }
+        // Strong notifications: every written column that has an observer.
+        let mut notify = weak;
+        for (row, column) in writes.keys() {
+            if client.inner.watch.watches(column) {
+                notify.insert((row.clone(), column.clone()));
+            }
+        }
+        // Group the buffer by row; the first cell (in key order) is the primary.
+        let mut rows: BTreeMap<Bytes, Vec<CellWrite>> = BTreeMap::new();
+        for ((row, column), value) in writes {
+            rows.entry(row).or_default().push(CellWrite { column, value });
+        }
+        let (primary_row, primary_cells) = rows.pop_first().expect("non-empty");
+        let primary_column = primary_cells[0].column.clone();
+        client.heartbeat_if_old().await?;
+        let info = LockInfo {
+            primary: (primary_row.clone(), primary_column.clone()),
+            owner: client.id(),
+            wall_ms: client.clock().now_ms(),
+            ttl_ms: client.config().lock_ttl_ms,
+        };
+
+        if let Err(e) =
+            actions::prewrite(store, &primary_row, &primary_cells, start_ts, &info).await
+        {
+            self::clean_conflicting_lock(&client, &e).await?;
+            return Err(e);
+        }
+        if crash == Some(CommitStep::AfterPrewritePrimary) {
+            return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
+        }
+        let secondaries: Vec<(Bytes, Vec<CellWrite>)> = rows.into_iter().collect();
+        let results = futures::future::join_all(
+            secondaries
+                .iter()
+                .map(|(row, cells)| actions::prewrite(store, row, cells, start_ts, &info)),
+        )
+        .await;
+        if let Some(pos) = results.iter().position(Result::is_err) {
+            // Abort: our own locks go, the primary's first (with its rollback record).
+            let columns: Vec<Bytes> = primary_cells.iter().map(|c| c.column.clone()).collect();
+            actions::rollback_primary(store, &primary_row, &primary_column, &columns, start_ts)
+                .await?;
+            let ours: Vec<(Bytes, Vec<Bytes>)> = secondaries
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|((row, cells), _)| {
+                    (row.clone(), cells.iter().map(|c| c.column.clone()).collect())
+                })
+                .collect();
+            actions::rollback_secondaries(store, &ours, start_ts).await?;
+            let err = results.into_iter().nth(pos).expect("position").unwrap_err();
+            clean_conflicting_lock(&client, &err).await?;
+            return Err(err);
+        }
+        if crash == Some(CommitStep::AfterPrewriteAll) {
+            return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
+        }
+
+        let commit_ts = client.oracle().next().await?;
+        // Notify cells go in before the commit point, at commit_ts: a crash between the two
+        // leaves a notification whose worker finds no change (harmless), never a change with
+        // no notification. A worker that finds the notification at commit_ts and starts after
+        // it either sees this commit or waits on its locks until it is decided.
+        set_notifications(store, notify, commit_ts).await?;
+        if crash == Some(CommitStep::BeforeCommitPrimary) {
+            return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
+        }
+        let kinds = |cells: &[CellWrite]| -> Vec<(Bytes, WriteKind)> {
+            cells.iter().map(|c| (c.column.clone(), c.kind())).collect()
+        };
+        actions::commit_primary(
+            store,
+            &primary_row,
+            &primary_column,
+            &kinds(&primary_cells),
+            start_ts,
+            commit_ts,
+        )
+        .await?;
+        // The commit point: acknowledged only once durable.
+        if client.config().sync_commits {
+            store.sync().await?;
+        }
+        if crash == Some(CommitStep::AfterCommitPrimary) {
+            return Ok(Outcome::Crashed(Crashed::AfterCommitPoint(commit_ts)));
+        }
+        let mut commit_rows: Vec<(Bytes, Vec<(Bytes, WriteKind)>)> =
+            secondaries.iter().map(|(row, cells)| (row.clone(), kinds(cells))).collect();
+        if crash == Some(CommitStep::MidSecondaries) {
+            commit_rows.truncate(commit_rows.len() / 2);
+            actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts).await?;
+            return Ok(Outcome::Crashed(Crashed::AfterCommitPoint(commit_ts)));
+        }
+        actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts).await?;
+        Ok(Outcome::Committed(Some(commit_ts)))
+    }
+}
+
+/// Sets the notify cells of `cells` at `ts` (one batched call).
+async fn set_notifications(
+    store: &dyn Store,
+    cells: BTreeSet<(Bytes, Bytes)>,
+    ts: Ts,
+) -> Result<(), TxnError> {
+    if cells.is_empty() {
+        return Ok(());
+    }
+    let batch: Vec<perc_store::RowMutation> = cells
+        .into_iter()
+        .map(|(row, column)| perc_store::RowMutation {
+            row,
+            mutations: vec![perc_store::Mutation::Put {
+                column: actions::notify_col(&column),
+                ts,
+                value: Bytes::new(),
+            }],
+        })
+        .collect();
+    store.mutate_rows(&batch).await?;
+    Ok(())
+}
+
+enum Outcome {
+    Committed(Option<Ts>),
+    /// Only with a crash point, which only the `failpoints` feature can give.
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+    Crashed(Crashed),
+}
+
+/// A writer that meets an abandoned lock cleans it up, so that a dead worker's lock on a cell
+/// that only writers touch does not block them forever (the paper leaves this to readers).
+async fn clean_conflicting_lock(client: &Client, err: &TxnError) -> Result<(), TxnError> {
+    if let TxnError::LockConflict { row, column, lock_ts, .. } = err {
+        let store = client.store();
+        let got = store
+            .read_row(row, &[ColumnRead::newest(lock_col(column), TsRange::at(*lock_ts))])
+            .await?;
+        if let Some(cell) = got[0].first() {
+            let lock = LockRecord::decode(&cell.value)?;
+            let now = client.clock().now_ms();
+            actions::resolve(store.as_ref(), client.liveness(), now, row, column, *lock_ts, &lock)
+                .await?;
+        }
+    }
+    Ok(())
+}

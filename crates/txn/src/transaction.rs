@@ -1,0 +1,338 @@
+//! A transaction's reads: a snapshot at its start_ts, read in batches and cached, waiting on
+//! or resolving the locks it meets; and its buffered writes and weak notifications, which
+//! [`crate::commit`] turns into the two-phase commit.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use perc_store::{ColumnRead, RowRead, Ts, TsRange};
+
+use crate::actions::{self, data_col, lock_col, write_col};
+use crate::{error, Client, LockRecord, Resolution, TxnError, WriteKind, WriteRecord};
+
+/// One transaction: reads see the snapshot at `start_ts`; writes are buffered until commit.
+pub struct Transaction {
+    pub(crate) client: Client,
+    pub(crate) start_ts: Ts,
+    pub(crate) writes: BTreeMap<(Bytes, Bytes), Option<Bytes>>,
+    /// Weak notifications to set at commit.
+    pub(crate) weak: BTreeSet<(Bytes, Bytes)>,
+    /// Snapshot reads already resolved. A snapshot never changes once its locks are
+    /// resolved, so each cell is read from the store at most once per transaction.
+    pub(crate) reads: Mutex<HashMap<(Bytes, Bytes), Option<Version>>>,
+}
+
+/// The newest committed write of a cell in a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub commit_ts: Ts,
+    /// `None`: the write was a delete.
+    pub value: Option<Bytes>,
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        self.client.untrack(self.start_ts);
+    }
+}
+
+impl Transaction {
+    pub fn start_ts(&self) -> Ts {
+        self.start_ts
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Buffers a write of `value` to `(row, column)`.
+    pub fn set(
+        &mut self,
+        row: impl Into<Bytes>,
+        column: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+    ) {
+        self.writes.insert((row.into(), column.into()), Some(value.into()));
+    }
+
+    /// Buffers a delete of `(row, column)`.
+    pub fn delete(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
+        self.writes.insert((row.into(), column.into()), None);
+    }
+
+    /// The value of `(row, column)` in this transaction's snapshot (its own buffered writes
+    /// included).
+    pub async fn get(&self, row: &[u8], column: &[u8]) -> Result<Option<Bytes>, TxnError> {
+        let key = (Bytes::copy_from_slice(row), Bytes::copy_from_slice(column));
+        Ok(self.get_many(std::slice::from_ref(&key)).await?.pop().flatten())
+    }
+
+    /// Many cells in one batched store read (plus one more read per cell that meets a lock
+    /// or whose data is not the newest at or below `start_ts`). Cells this transaction read
+    /// before cost nothing.
+    pub async fn get_many(&self, cells: &[(Bytes, Bytes)]) -> Result<Vec<Option<Bytes>>, TxnError> {
+        let unbuffered: Vec<(Bytes, Bytes)> =
+            cells.iter().filter(|k| !self.writes.contains_key(*k)).cloned().collect();
+        let mut fetched = self.versions(&unbuffered).await?.into_iter();
+        let mut out = Vec::with_capacity(cells.len());
+        for key in cells {
+            match self.writes.get(key) {
+                Some(buffered) => out.push(buffered.clone()),
+                None => {
+                    let v = fetched.next().expect("one answer per unbuffered cell");
+                    out.push(v.and_then(|v| v.value));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest committed write of each cell in this snapshot (this transaction's own
+    /// buffered writes left out), reading every cell not read before in one batched call,
+    /// one [`RowRead`] per row. The paper's read batching and prefetching: a caller that
+    /// knows which cells it will need reads them together, and later `get`s are free.
+    pub async fn versions(
+        &self,
+        cells: &[(Bytes, Bytes)],
+    ) -> Result<Vec<Option<Version>>, TxnError> {
+        let mut by_row: Vec<(Bytes, Vec<Bytes>)> = Vec::new();
+        let mut index: HashMap<Bytes, usize> = HashMap::new();
+        {
+            let cache = self.reads_lock();
+            let mut wanted = BTreeSet::new();
+            for key in cells {
+                if cache.contains_key(key) || !wanted.insert(key) {
+                    continue;
+                }
+                match index.get(&key.0) {
+                    Some(&i) => by_row[i].1.push(key.1.clone()),
+                    None => {
+                        index.insert(key.0.clone(), by_row.len());
+                        by_row.push((key.0.clone(), vec![key.1.clone()]));
+                    }
+                }
+            }
+        }
+        if !by_row.is_empty() {
+            let store = self.client.store();
+            let reads: Vec<RowRead> = by_row
+                .iter()
+                .map(|(row, columns)| RowRead {
+                    row: row.clone(),
+                    reads: columns.iter().flat_map(|c| self.snapshot_reads(c)).collect(),
+                })
+                .collect();
+            let fetched = if reads.len() == 1 {
+                vec![store.read_row(&reads[0].row, &reads[0].reads).await?]
+            } else {
+                store.read_rows(&reads).await?
+            };
+            for ((row, columns), got) in by_row.into_iter().zip(fetched) {
+                let mut got = got.into_iter();
+                for column in columns {
+                    let three: Vec<Vec<perc_store::Cell>> = got.by_ref().take(3).collect();
+                    let version = self.resolve_read(&row, &column, three).await?;
+                    self.reads_lock().insert((row.clone(), column), version);
+                }
+            }
+        }
+        let cache = self.reads_lock();
+        Ok(cells.iter().map(|k| cache[k].clone()).collect())
+    }
+
+    /// The cells this transaction has read from the store so far.
+    pub fn read_set(&self) -> Vec<(Bytes, Bytes)> {
+        self.reads_lock().keys().cloned().collect()
+    }
+
+    fn reads_lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Bytes, Bytes), Option<Version>>> {
+        self.reads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn snapshot_reads(&self, column: &Bytes) -> Vec<ColumnRead> {
+        let upto = TsRange::up_to(self.start_ts);
+        vec![
+            ColumnRead::newest(lock_col(column), upto),
+            // A few versions, so that a rollback record on top rarely costs a second read.
+            ColumnRead { column: write_col(column), range: upto, versions: 4 },
+            ColumnRead::newest(data_col(column), upto),
+        ]
+    }
+
+    /// The rows in `[start, end)` (`end` empty: to the end) that have a value in `column` in
+    /// this snapshot, with those values, in row order (this transaction's own buffered writes
+    /// included). Reads the `write` family over the range, so its cost follows the cells in
+    /// the range, not the table: keep scanned columns under a row prefix of their own.
+    pub async fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        column: &[u8],
+    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
+        let store = self.client.store();
+        let range = |family: &'static str| perc_store::Scan {
+            family,
+            start: Bytes::copy_from_slice(start),
+            end: Bytes::copy_from_slice(end),
+            limit: usize::MAX,
+        };
+        let column = Bytes::copy_from_slice(column);
+        let mut found: BTreeMap<Bytes, Option<Bytes>> = BTreeMap::new();
+        // Cells locked at or below start_ts are read one by one, which waits on or resolves
+        // the lock exactly as `get` does.
+        let mut locked = BTreeSet::new();
+        for c in store.scan(&range(actions::LOCK.name)).await? {
+            if c.qualifier == column && c.ts <= self.start_ts {
+                locked.insert(c.row);
+            }
+        }
+        // Newest committed record at or below start_ts, per row (cells come newest first).
+        let mut newest: BTreeMap<Bytes, WriteRecord> = BTreeMap::new();
+        for c in store.scan(&range(actions::WRITE.name)).await? {
+            if c.qualifier != column
+                || c.ts > self.start_ts
+                || locked.contains(&c.row)
+                || newest.contains_key(&c.row)
+            {
+                continue;
+            }
+            let record = WriteRecord::decode(&c.value)?;
+            if record.kind != WriteKind::Rollback {
+                newest.insert(c.row, record);
+            }
+        }
+        let puts: Vec<(Bytes, Ts)> = newest
+            .into_iter()
+            .filter(|(_, r)| r.kind == WriteKind::Put)
+            .map(|(row, r)| (row, r.start_ts))
+            .collect();
+        if !puts.is_empty() {
+            let reads: Vec<RowRead> = puts
+                .iter()
+                .map(|(row, ts)| RowRead {
+                    row: row.clone(),
+                    reads: vec![ColumnRead::newest(data_col(&column), TsRange::at(*ts))],
+                })
+                .collect();
+            for ((row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
+                let cell = got.remove(0).pop().ok_or_else(|| {
+                    TxnError::Corrupt(format!(
+                        "{}/{}: no data at {ts} for its write record",
+                        error::show(&row),
+                        error::show(&column)
+                    ))
+                })?;
+                found.insert(row, Some(cell.value));
+            }
+        }
+        for row in locked {
+            let v = self.get(&row, &column).await?;
+            found.insert(row, v);
+        }
+        for ((row, col), v) in &self.writes {
+            if *col == column && row.as_ref() >= start && (end.is_empty() || row.as_ref() < end) {
+                found.insert(row.clone(), v.clone());
+            }
+        }
+        Ok(found.into_iter().filter_map(|(row, v)| v.map(|v| (row, v))).collect())
+    }
+
+    /// Buffers a weak notification of `(row, column)`: set at commit without a write, so
+    /// it conflicts with nothing (for hot rows, such as counters with many writers).
+    pub fn notify(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
+        self.weak.insert((row.into(), column.into()));
+    }
+
+    /// Turns one cell's (lock, write, data) reads into (commit_ts, value) of its newest
+    /// committed write, waiting on and resolving locks, and re-reading as needed.
+    async fn resolve_read(
+        &self,
+        row: &Bytes,
+        column: &Bytes,
+        mut got: Vec<Vec<perc_store::Cell>>,
+    ) -> Result<Option<Version>, TxnError> {
+        let client = &self.client;
+        let store = client.store();
+        let mut attempt = 0u32;
+        let mut waited_ms = 0u64;
+        loop {
+            if let Some(lock_cell) = got[0].first() {
+                let lock = LockRecord::decode(&lock_cell.value)?;
+                let now = client.clock().now_ms();
+                match actions::resolve(
+                    store.as_ref(),
+                    client.liveness(),
+                    now,
+                    row,
+                    column,
+                    lock_cell.ts,
+                    &lock,
+                )
+                .await?
+                {
+                    Resolution::RolledBack | Resolution::RolledForward(_) => {}
+                    Resolution::Wait => {
+                        if attempt == 0 {
+                            tracing::debug!(row = %error::show(row), column = %error::show(column), lock_ts = %lock_cell.ts, owner = %lock.owner, me = %client.id(), "waiting on a live lock");
+                        }
+                        if waited_ms >= client.config().lock_wait_max_ms {
+                            return Err(TxnError::LockWaitTimeout {
+                                row: row.clone(),
+                                column: column.clone(),
+                                lock_ts: lock_cell.ts,
+                                owner: lock.owner,
+                                waited_ms,
+                            });
+                        }
+                        let pause = client.backoff_ms(attempt);
+                        attempt += 1;
+                        client.clock().sleep_ms(pause).await;
+                        waited_ms += pause;
+                    }
+                }
+                got = store.read_row(row, &self.snapshot_reads(column)).await?;
+                continue;
+            }
+            let mut writes = std::mem::take(&mut got[1]);
+            if writes.len() == 4 && writes.iter().all(|w| is_rollback(&w.value)) {
+                // Many rollbacks on top: read every version below start_ts.
+                let all = ColumnRead::all(write_col(column), TsRange::up_to(self.start_ts));
+                writes = store.read_row(row, &[all]).await?.remove(0);
+            }
+            for w in &writes {
+                let record = WriteRecord::decode(&w.value)?;
+                match record.kind {
+                    WriteKind::Rollback => continue,
+                    WriteKind::Delete => return Ok(Some(Version { commit_ts: w.ts, value: None })),
+                    WriteKind::Put => {
+                        if let Some(d) = got[2].first().filter(|d| d.ts == record.start_ts) {
+                            return Ok(Some(Version {
+                                commit_ts: w.ts,
+                                value: Some(d.value.clone()),
+                            }));
+                        }
+                        let exact =
+                            ColumnRead::newest(data_col(column), TsRange::at(record.start_ts));
+                        let mut data = store.read_row(row, &[exact]).await?.remove(0);
+                        return match data.pop() {
+                            Some(d) => Ok(Some(Version { commit_ts: w.ts, value: Some(d.value) })),
+                            None => Err(TxnError::Corrupt(format!(
+                                "{}/{}: the write record at {} names data at {} that does not exist",
+                                error::show(row),
+                                error::show(column),
+                                w.ts,
+                                record.start_ts
+                            ))),
+                        };
+                    }
+                }
+            }
+            return Ok(None);
+        }
+    }
+}
+
+fn is_rollback(raw: &Bytes) -> bool {
+    matches!(WriteRecord::decode(raw), Ok(WriteRecord { kind: WriteKind::Rollback, .. }))
+}
