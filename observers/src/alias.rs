@@ -3,9 +3,9 @@
 //! - Trigger: `page:redirect` of `p:<source>` (strong).
 //! - Reads: the redirect target ("" if none), and `alias:done` (the target recorded last time).
 //! - Writes: `r:<target>\0<source>` (removing the old target's row), and `alias:done`.
-//! - Notifies: the source's own `indeg:dirty` (weakly), when the registration moved. InDegree keeps
+//! - Notifies: the source's own `indeg:dirty` (weakly), when the registration moved. Indegree keeps
 //!   the alias sets from the source's side (it counts an alias at the end of its chain), and
-//!   uses these rows to tell the URLs redirecting to a page whose own end changed; a indegree run
+//!   uses these rows to tell the URLs redirecting to a page whose own end changed; an indegree run
 //!   of the source that came before this row existed is so followed by one that sees it.
 //!   Chains (a → b → c) resolve in indegree.
 //! - Twice is harmless: nothing changes when the target equals `alias:done`.

@@ -6,7 +6,7 @@
 //!   `page:canonical` and `indeg:names`.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
 //!   canonical changed. The canonical is the member with the highest in-degree; ties go to the
-//!   shorter URL, then the lexicographically smaller. `cluster:names` on the head: a digest of
+//!   shorter URL, then the lexicographically smaller. `cluster:digest` on the head: a digest of
 //!   what forward of the canonical reads (the canonical and its members' names).
 //! - Notifies: forward of the canonical when that digest changed (not on every change of an
 //!   in-degree: forward's output does not depend on it), and export and forward of every

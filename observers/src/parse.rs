@@ -2,8 +2,8 @@
 //!
 //! - Trigger: `crawl:raw` of `p:<url>` (strong).
 //! - Reads: the raw record.
-//! - Writes (each only if it changed): `page:meta` (kind, reason, title, noindex, hash,
-//!   hints), `page:links` (one `[target, anchor]` per distinct target, sorted), `page:follow`
+//! - Writes (each only if it changed): `page:meta` (kind, reason, title, noindex, hash),
+//!   `page:links` (one `[target, anchor]` per distinct target, sorted), `page:follow`
 //!   (what discovery may follow), `page:hash` (content hash, "" unless a page),
 //!   `page:redirect` (the redirect target, "" if none).
 //! - Notifies: dedup (`page:hash`), invert (`page:links`), alias (`page:redirect`), discover

@@ -16,14 +16,15 @@ use url::Url;
 
 use crate::table::{rate, scaled, Table};
 
-/// A pipeline as the CLI opens it, on sled in a temporary directory, its store calls counted.
-struct Setup {
-    _dir: tempfile::TempDir,
-    store: Arc<Counted<Arc<dyn Store>>>,
-    pipeline: Pipeline,
+/// A pipeline as the CLI opens it, on sled in a temporary directory, its store calls counted
+/// (32 runs in flight; the collector off, so that only indexing is measured).
+pub(crate) struct Setup {
+    pub dir: tempfile::TempDir,
+    pub store: Arc<Counted<Arc<dyn Store>>>,
+    pub pipeline: Pipeline,
 }
 
-async fn setup(fetching: Fetching) -> Result<Setup> {
+pub(crate) async fn setup(fetching: Fetching) -> Result<Setup> {
     let dir = tempfile::tempdir()?;
     let mut config = Config::defaults();
     config.store.data = dir.path().display().to_string();
@@ -36,7 +37,7 @@ async fn setup(fetching: Fetching) -> Result<Setup> {
         .fetching(fetching)
         .open()
         .await?;
-    Ok(Setup { _dir: dir, store, pipeline })
+    Ok(Setup { dir, store, pipeline })
 }
 
 fn ops_note(before: OpCounts, after: OpCounts, pages: usize) -> String {

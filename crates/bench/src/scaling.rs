@@ -11,14 +11,12 @@
 //! Each size runs in a child process of its own (`perc-bench scaling-one`), so that its peak
 //! RSS (VmHWM) is its own.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use perc_crawl::warc::Recorded;
 use perc_notify::Workers;
-use perc_pipeline::{Config, Create, Pipeline};
-use perc_store::{Counted, Store};
+use perc_pipeline::Fetching;
 use perc_synth::{Change, Spec, Web};
 
 use crate::table::{rate, scaled, Table};
@@ -74,14 +72,8 @@ pub fn one(pages: usize) -> Result<()> {
 }
 
 async fn measure(pages: usize) -> Result<Figures> {
-    let dir = tempfile::tempdir()?;
-    let mut config = Config::defaults();
-    config.store.data = dir.path().display().to_string();
-    config.workers.concurrency = 32;
-    config.workers.gc_interval_ms = 0;
-    let sled = perc_pipeline::open_store(&config, Create::IfMissing).await?;
-    let store = Arc::new(Counted::new(sled.clone()));
-    let pipeline = Pipeline::builder(config).store(store.clone() as Arc<dyn Store>).open().await?;
+    let crate::pipeline::Setup { dir, store, pipeline } =
+        crate::pipeline::setup(Fetching::Offline).await?;
     let loader = pipeline.client.clone();
     // Updates arrive while the workers run, as in `perc serve`: they are started here and
     // waited on after each load, rather than run to quiescence per command.
