@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use perc_observers::model::CrawlScope;
-use perc_pipeline::{Config, Create, Fetching, Pipeline};
+use perc_pipeline::{Backend, Config, Create, Fetching, Pipeline};
 use perc_store::{Counted, OpCounts, Store};
 use perc_synth::{Spec, Web};
 use tokio_util::sync::CancellationToken;
@@ -38,6 +38,32 @@ pub(crate) async fn setup(fetching: Fetching) -> Result<Setup> {
         .open()
         .await?;
     Ok(Setup { dir, store, pipeline })
+}
+
+/// `perc replay FILE` through the front door on each backend, alternately, three times each:
+/// the median seconds and the pages indexed, memory first.
+async fn memory_against_sled(file: &std::path::Path) -> Result<((f64, usize), (f64, usize))> {
+    let mut times = [Vec::new(), Vec::new()];
+    let mut pages = [0, 0];
+    for _ in 0..3 {
+        for (i, backend) in [Backend::Memory, Backend::Sled].into_iter().enumerate() {
+            let dir = tempfile::tempdir()?;
+            let mut config = Config::defaults();
+            config.store.backend = backend;
+            config.store.data = dir.path().display().to_string();
+            let start = Instant::now();
+            let p = Pipeline::open(config, Fetching::Offline, Create::IfMissing).await?;
+            let r = p.replay(&[file.to_path_buf()], &CancellationToken::new()).await?;
+            p.close().await?;
+            times[i].push(start.elapsed().as_secs_f64());
+            pages[i] = r.pages;
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok(((median(&mut times[0]), pages[0]), (median(&mut times[1]), pages[1])))
 }
 
 fn ops_note(before: OpCounts, after: OpCounts, pages: usize) -> String {
@@ -90,7 +116,8 @@ pub fn run(scale: f64) -> Result<()> {
         let s = setup(Fetching::Offline).await?;
         let before = s.store.counts();
         let start = Instant::now();
-        let replayed = s.pipeline.replay(&[warc], &CancellationToken::new()).await?;
+        let replayed =
+            s.pipeline.replay(std::slice::from_ref(&warc), &CancellationToken::new()).await?;
         let replay = start.elapsed().as_secs_f64();
         let indexed = replayed.pages;
         t.add(
@@ -140,6 +167,30 @@ pub fn run(scale: f64) -> Result<()> {
             ),
         );
         t.print("the indexing pipeline on sled");
+
+        // Throwaway replays (`perc replay --expect`): the memory store against sled.
+        let mut t = Table::new();
+        let book = warc_dir.path().join("book.warc.gz");
+        perc_synth::write::warc(
+            &Web::new(Spec::new(scaled(120, scale).max(10) as usize, 3)),
+            &book,
+        )?;
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/crawls/wget-demo.warc.gz");
+        for (what, file) in
+            [("the fixture WARC", fixture), ("a book-sized WARC", book), ("the synth WARC", warc)]
+        {
+            let (memory, sled) = memory_against_sled(&file).await?;
+            t.add(
+                format!("replay of {what}, memory store / sled"),
+                format!("{:.2}", memory.0 / sled.0),
+                format!(
+                    "{} pages; medians of 3 alternating runs: memory {:.3} s, sled {:.3} s",
+                    memory.1, memory.0, sled.0
+                ),
+            );
+        }
+        t.print("throwaway replays: memory and sled");
         Ok(())
     })
 }

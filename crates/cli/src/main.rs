@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use perc_cli::site;
-use perc_pipeline::{config, Create, Fetching, Pipeline, PipelineError};
+use perc_pipeline::{config, diff, Create, Fetching, Pipeline, PipelineError};
 
 /// A line on stdout. A closed stdout (`perc status | head -1`) is an error that `main` turns
 /// into a quiet exit, the way Unix tools end on a broken pipe.
@@ -40,7 +40,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Incremental web indexing on Percolator-style transactions and observers"
 )]
 struct Cli {
-    /// The store directory (overrides store.data).
+    /// The store directory (overrides store.data); `:memory:` keeps the store in memory for
+    /// this command only (a throwaway crawl or replay).
     #[arg(long, global = true)]
     data: Option<PathBuf>,
     /// A TOML file layered over the embedded defaults.
@@ -71,8 +72,37 @@ enum Command {
         #[arg(long, requires = "warc_out")]
         append: bool,
     },
-    /// Load recorded responses from WARC files and index them.
-    Replay { files: Vec<PathBuf> },
+    /// Load recorded responses from WARC files (or directories of them) and index them.
+    Replay {
+        files: Vec<PathBuf>,
+        /// Compare the index with this export (a golden file): print what differs, exit 1 if
+        /// anything does. The store is kept in memory unless --data is given.
+        #[arg(long, value_name = "GOLDEN.jsonl")]
+        expect: Option<PathBuf>,
+        /// With --expect: write the index into the golden file instead of comparing.
+        #[arg(long, requires = "expect")]
+        update: bool,
+        /// With --expect: also write the comparison as a JUnit XML report.
+        #[arg(long, requires = "expect", value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// With --expect: how many of each kind of difference to print.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Compare two exports: pages added and removed, fields and inlinks changed (exit 0 when
+    /// equal, 1 when different, 2 on bad input).
+    Diff {
+        /// The export before (`-`: standard input).
+        old: PathBuf,
+        /// The export after.
+        new: PathBuf,
+        /// Print the differences as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// How many of each kind of difference to print.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
     /// Print the canonical URL of a page (exit 1 if the page is unknown).
     Canonical { url: String },
     /// Print a page's indexed record as JSON.
@@ -196,8 +226,16 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 fn load_config(cli: &Cli) -> Result<config::Config> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let mut c = config::load(cli.config.as_deref(), &env, &cli.sets)?;
-    if let Some(d) = &cli.data {
-        c.store.data = d.display().to_string();
+    let data = cli.data.as_ref().map(|d| d.display().to_string());
+    // A golden check runs in a throwaway store unless told where to keep one.
+    let throwaway = matches!(cli.command, Command::Replay { expect: Some(_), .. });
+    match data.as_deref() {
+        Some(perc_pipeline::MEMORY) => c.store.backend = config::Backend::Memory,
+        None if throwaway => c.store.backend = config::Backend::Memory,
+        _ => {}
+    }
+    if let Some(d) = data {
+        c.store.data = d;
     }
     Ok(c)
 }
@@ -274,6 +312,10 @@ macro_rules! existing {
 }
 
 async fn run(cli: Cli, stop: CancellationToken) -> Result<ExitCode> {
+    // Comparing two files needs no configuration and no store.
+    if let Command::Diff { old, new, json, limit } = &cli.command {
+        return diff(old, new, *json, *limit);
+    }
     let config = load_config(&cli)?;
     let where_ = match config.store.backend {
         config::Backend::Sled => format!("the store at {}", config.store.data),
@@ -313,15 +355,22 @@ async fn dispatch(
             app.close().await?;
             result
         }
-        Command::Replay { files } => {
+        Command::Replay { files, expect, update, junit, limit } => {
             if files.is_empty() {
                 bail!("replay needs at least one WARC file");
             }
             let app = Pipeline::open(config, Fetching::Offline, Create::IfMissing).await?;
-            let result = replay(&app, &files, &stop).await;
+            let result = match &expect {
+                None => replay(&app, &files, &stop).await,
+                Some(golden) => {
+                    let check = Check { golden, update, junit: junit.as_deref(), limit };
+                    replay_expect(&app, &files, &check, &stop).await
+                }
+            };
             app.close().await?;
             result
         }
+        Command::Diff { .. } => unreachable!("handled before the configuration is read"),
         Command::Canonical { url } => {
             let url = parse_url(&url)?;
             let app = existing!(config, Fetching::Offline);
@@ -463,7 +512,7 @@ async fn replay(app: &Pipeline, files: &[PathBuf], stop: &CancellationToken) -> 
     out!(
         "replayed {} responses from {} file(s) in {:.1}s; {} pages indexed",
         r.loaded,
-        files.len(),
+        r.files,
         r.run.seconds,
         r.pages
     );
@@ -477,8 +526,131 @@ async fn replay(app: &Pipeline, files: &[PathBuf], stop: &CancellationToken) -> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes the export as it is read, to stdout for `-`, else to a temporary file renamed at
-/// the end (so a reader never sees half of one); returns the number of pages.
+/// What `replay --expect` compares with, and what it does with the outcome.
+struct Check<'a> {
+    golden: &'a Path,
+    update: bool,
+    junit: Option<&'a Path>,
+    limit: usize,
+}
+
+/// `perc replay FILE… --expect GOLDEN`: replays, then compares the export with the golden
+/// (exit 1 when they differ) or, with `--update`, rewrites the golden.
+async fn replay_expect(
+    app: &Pipeline,
+    files: &[PathBuf],
+    check: &Check<'_>,
+    stop: &CancellationToken,
+) -> Result<ExitCode> {
+    let golden = check.golden;
+    if !check.update && !golden.is_file() {
+        bail!("{} does not exist: --update writes it from this replay", golden.display());
+    }
+    let r = app.replay(files, stop).await?;
+    for i in &r.issues {
+        say!("warning: {i}");
+    }
+    say!("replayed {} responses from {} file(s); {} pages indexed", r.loaded, r.files, r.pages);
+    let got = app.export_jsonl().await?;
+    let unreadable = !r.issues.is_empty();
+    if unreadable {
+        say!("{} record(s) could not be read (see the warnings above)", r.issues.len());
+    }
+    let name = golden.display().to_string();
+    let names = diff::Names { old: &name, new: "this replay" };
+    let was = golden.is_file().then(|| compare(golden, &got)).transpose()?;
+    if check.update {
+        write_atomically(golden, |w| {
+            for l in &got {
+                writeln!(w, "{l}")?;
+            }
+            Ok(())
+        })?;
+        match was {
+            Some(d) if d.is_empty() => out!("{name} is up to date: {} pages", got.len()),
+            Some(d) => out!(
+                "updated {name}: {} pages ({} changed, {} added, {} removed)",
+                got.len(),
+                d.changed.len(),
+                d.added.len(),
+                d.removed.len()
+            ),
+            None => out!("wrote {name}: {} pages", got.len()),
+        }
+        return Ok(if unreadable { ExitCode::from(1) } else { ExitCode::SUCCESS });
+    }
+    let d = was.expect("the golden exists when not updating");
+    if let Some(path) = check.junit {
+        let suite = format!("perc replay --expect {name}");
+        write_atomically(path, |w| Ok(w.write_all(d.junit(&suite, &names).as_bytes())?))?;
+    }
+    write!(std::io::stdout(), "{}", d.text(&names, check.limit))?;
+    if !d.is_empty() {
+        say!("the index differs from {name}; to accept it, run the same command with --update");
+    }
+    Ok(if d.is_empty() && !unreadable { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// The golden file against this run's export lines; a golden that is not an export is bad
+/// input (exit 2).
+fn compare(golden: &Path, got: &[String]) -> Result<diff::ExportDiff> {
+    let lines = got.iter().map(|l| Ok(l.clone()));
+    let new = diff::Side { name: "this replay".into(), lines };
+    Ok(diff::diff(diff::Side::file(golden)?, new)?)
+}
+
+/// `perc diff OLD NEW`.
+fn diff(old: &Path, new: &Path, json: bool, limit: usize) -> Result<ExitCode> {
+    if old.as_os_str() == "-" && new.as_os_str() == "-" {
+        bail!("only one side of perc diff can be standard input");
+    }
+    let d = diff::diff(diff::Side::file(old)?, diff::Side::file(new)?)?;
+    if json {
+        let mut v = serde_json::to_value(&d)?;
+        v["equal"] = d.is_empty().into();
+        out!("{v}");
+    } else {
+        let (o, n) = (old.display().to_string(), new.display().to_string());
+        write!(std::io::stdout(), "{}", d.text(&diff::Names { old: &o, new: &n }, limit))?;
+    }
+    Ok(if d.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Writes a file through a temporary one renamed at the end, so that a reader never sees
+/// half of it.
+fn write_atomically(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
+    let mut tmp = Replacement::create(path)?;
+    write(&mut tmp.file).with_context(|| format!("cannot write {}", tmp.path.display()))?;
+    tmp.finish()
+}
+
+/// A file written beside the one it replaces, renamed over it once complete and synced.
+struct Replacement<'a> {
+    target: &'a Path,
+    path: PathBuf,
+    file: std::io::BufWriter<std::fs::File>,
+}
+
+impl Replacement<'_> {
+    fn create(target: &Path) -> Result<Replacement<'_>> {
+        let mut name = target.as_os_str().to_owned();
+        name.push(".tmp");
+        let path = PathBuf::from(name);
+        let file = std::fs::File::create(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(Replacement { target, path, file: std::io::BufWriter::new(file) })
+    }
+
+    fn finish(self) -> Result<()> {
+        let what = || format!("cannot write {}", self.path.display());
+        self.file.into_inner().map_err(|e| anyhow!("{}: {e}", what()))?.sync_all()?;
+        std::fs::rename(&self.path, self.target)
+            .with_context(|| format!("cannot write {}", self.target.display()))
+    }
+}
+
+/// Writes the export as it is read, to stdout for `-`, else through a temporary file (see
+/// [`write_atomically`]); returns the number of pages.
 async fn write_export(app: &Pipeline, out: &Path) -> Result<usize> {
     if out.as_os_str() == "-" {
         let mut f = std::io::BufWriter::new(std::io::stdout().lock());
@@ -486,13 +658,9 @@ async fn write_export(app: &Pipeline, out: &Path) -> Result<usize> {
         f.flush()?;
         return Ok(n);
     }
-    let tmp = out.with_extension("jsonl.tmp");
-    let mut f = std::io::BufWriter::new(
-        std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?,
-    );
-    let n = export_lines(app, &mut f).await?;
-    f.into_inner().map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?.sync_all()?;
-    std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))?;
+    let mut tmp = Replacement::create(out)?;
+    let n = export_lines(app, &mut tmp.file).await?;
+    tmp.finish()?;
     Ok(n)
 }
 

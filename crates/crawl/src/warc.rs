@@ -57,6 +57,35 @@ pub fn read(path: &Path, body_bytes_max: u64) -> io::Result<(Vec<Recorded>, Vec<
     Ok((out, issues))
 }
 
+/// The WARC files `paths` name: a file as it is, a directory as the `.warc` and `.warc.gz`
+/// files directly in it, in name order. A directory with none is an error that names it.
+pub fn expand(paths: &[PathBuf]) -> io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if !p.is_dir() {
+            out.push(p.clone());
+            continue;
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| {
+                let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
+                f.is_file() && name.is_some_and(|n| n.ends_with(".warc") || n.ends_with(".warc.gz"))
+            })
+            .collect();
+        if found.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} holds no .warc or .warc.gz file", p.display()),
+            ));
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
+}
+
 /// Hands each good response record of `path` to `each` as it is read, one record in memory
 /// at a time; returns an issue for each bad one.
 pub fn read_each(

@@ -4,6 +4,7 @@
 //! wiring the layers themselves.
 
 pub mod config;
+pub mod diff;
 mod error;
 mod open;
 
@@ -24,7 +25,7 @@ use url::Url;
 
 pub use crate::config::{Backend, Config, ConfigError};
 pub use crate::error::{PipelineError, Result};
-pub use crate::open::{open_oracle, open_store, Builder, Create, Fetching};
+pub use crate::open::{open_oracle, open_store, Builder, Create, Fetching, MEMORY};
 
 pub struct Pipeline {
     pub store: Arc<dyn Store>,
@@ -158,6 +159,8 @@ pub fn crawl_scope(
 /// What a replay did.
 #[derive(Clone, Debug)]
 pub struct Replayed {
+    /// WARC files read.
+    pub files: usize,
     /// Response records loaded.
     pub loaded: usize,
     /// Records that could not be read, each named by file and offset.
@@ -204,12 +207,15 @@ impl Pipeline {
         Ok((run, perc_observers::report(&self.client, seeds).await?))
     }
 
-    /// Loads every response record of `files` and runs the observers to quiescence. Records
-    /// stream from a reading thread in batches: memory stays flat in the size of the files.
+    /// Loads every response record of `files` (a directory: its WARCs, in name order) and
+    /// runs the observers to quiescence. Records stream from a reading thread in batches:
+    /// memory stays flat in the size of the files.
     pub async fn replay(&self, files: &[PathBuf], stop: &CancellationToken) -> Result<Replayed> {
+        let files = perc_crawl::warc::expand(files)
+            .map_err(PipelineError::io("cannot list the WARC directory"))?;
         let mut issues = Vec::new();
         let mut loaded = 0;
-        for f in files {
+        for f in &files {
             let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Recorded>>(4);
             let (path, max) = (f.clone(), self.config.crawl.body_bytes_max);
             let reading = tokio::task::spawn_blocking(move || {
@@ -239,7 +245,7 @@ impl Pipeline {
         }
         let run = self.run_until_quiet("replay", stop).await?;
         let pages = perc_observers::page_count(&self.client).await?;
-        Ok(Replayed { loaded, issues, run, pages })
+        Ok(Replayed { files: files.len(), loaded, issues, run, pages })
     }
 
     /// Fetches `targets` again (all known URLs when `None`) and runs the observers to
@@ -286,6 +292,17 @@ impl Pipeline {
         })
         .await?;
         Ok(n)
+    }
+
+    /// The export as JSON Lines (one string a page, without the newline), in URL order.
+    pub async fn export_jsonl(&self) -> Result<Vec<String>> {
+        let mut lines = Vec::new();
+        self.export(|l| {
+            lines.push(serde_json::to_string(&l).expect("an export line serializes"));
+            Ok(())
+        })
+        .await?;
+        Ok(lines)
     }
 
     /// Runs the observers until `stop` (`perc worker`), then saves the counters.

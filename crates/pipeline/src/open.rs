@@ -29,13 +29,16 @@ pub enum Fetching {
     Offline,
 }
 
+/// What `--data` names for a store in memory (`store.backend = "memory"`).
+pub const MEMORY: &str = ":memory:";
+
 /// Whether opening may create the store. Only a crawl or a replay should: for any other
 /// command a missing store is a mistake (a typo in `--data`), not an empty index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Create {
     IfMissing,
-    /// A missing store is [`PipelineError::NoStore`]. A shared Bigtable table and a memory
-    /// store always count as existing.
+    /// A missing store is [`PipelineError::NoStore`]. A shared Bigtable table always counts
+    /// as existing; a memory store never does (it is new and empty at every open).
     No,
 }
 
@@ -234,6 +237,10 @@ pub async fn open_store(config: &Config, create: Create) -> Result<Arc<dyn Store
                 ))
             })?;
             Ok(Arc::new(sled))
+        }
+        // A memory store begins empty: only a command that fills it may open one.
+        Backend::Memory if create == Create::No => {
+            Err(PipelineError::NoStore { dir: MEMORY.into() })
         }
         Backend::Memory => Ok(Arc::new(MemStore::new(perc_notify::schema()))),
         Backend::Bigtable => open_bigtable(config).await,
