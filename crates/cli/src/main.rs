@@ -7,13 +7,13 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use perc_observers::model::CrawlScope;
-use perc_observers::PageInfo;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use perc_cli::site;
-use perc_pipeline::{config, diff, Create, Fetching, Pipeline, PipelineError};
+use perc_pipeline::{
+    config, diff, CrawlScope, Create, Fetching, PageInfo, Pipeline, PipelineError,
+};
 
 /// A line on stdout. A closed stdout (`perc status | head -1`) is an error that `main` turns
 /// into a quiet exit, the way Unix tools end on a broken pipe.
@@ -770,8 +770,7 @@ async fn oracle(
     listen: &str,
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
-    let store = perc_pipeline::open_store(&config, Create::IfMissing).await?;
-    let oracle = perc_oracle::LocalOracle::open(store, config.oracle.block).await?;
+    let oracle = perc_pipeline::shared_oracle(&config).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -779,7 +778,7 @@ async fn oracle(
     out!("oracle listening on {}", listener.local_addr()?);
     std::io::stdout().flush()?;
     tokio::select! {
-        r = perc_oracle::serve(listener, std::sync::Arc::new(oracle)) => r?,
+        r = perc_oracle::serve(listener, oracle) => r?,
         _ = stop.cancelled() => {}
     }
     Ok(ExitCode::SUCCESS)

@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use perc_crawl::warc::{Recorded, WarcIssue};
 use perc_notify::{Engine, FailedEntry, ObserverStats, Workers};
-use perc_observers::model::CrawlScope;
-use perc_observers::{IndexError, Report};
+use perc_observers::IndexError;
 use perc_store::Store;
 use perc_txn::Client;
 use tokio_util::sync::CancellationToken;
@@ -25,7 +24,10 @@ use url::Url;
 
 pub use crate::config::{Backend, Config, ConfigError};
 pub use crate::error::{PipelineError, Result};
-pub use crate::open::{open_oracle, open_store, Builder, Create, Fetching, MEMORY};
+pub use crate::open::{open_oracle, open_store, shared_oracle, Builder, Create, Fetching, MEMORY};
+/// What the verbs hand back, from the layer that defines them.
+pub use perc_observers::model::{CrawlScope, ExportLine};
+pub use perc_observers::{PageInfo, Report};
 
 pub struct Pipeline {
     pub store: Arc<dyn Store>,
@@ -276,15 +278,12 @@ impl Pipeline {
     }
 
     /// What the index knows of one URL.
-    pub async fn page(&self, url: &Url) -> Result<perc_observers::PageInfo> {
+    pub async fn page(&self, url: &Url) -> Result<PageInfo> {
         Ok(perc_observers::page_info(&self.client, url).await?)
     }
 
     /// The export, one line at a time in URL order; returns the number of lines.
-    pub async fn export(
-        &self,
-        mut each: impl FnMut(perc_observers::model::ExportLine) -> Result<()>,
-    ) -> Result<usize> {
+    pub async fn export(&self, mut each: impl FnMut(ExportLine) -> Result<()>) -> Result<usize> {
         let mut n = 0;
         perc_observers::export_each(&self.client, |l| {
             n += 1;

@@ -281,6 +281,13 @@ async fn open_bigtable(_config: &Config) -> Result<Arc<dyn Store>> {
     ))
 }
 
+/// The timestamp oracle that `perc oracle` serves to every process sharing the configured
+/// store: a [`LocalOracle`] keeping its high-water mark in that store.
+pub async fn shared_oracle(config: &Config) -> Result<Arc<LocalOracle>> {
+    let store = open_store(config, Create::IfMissing).await?;
+    Ok(Arc::new(LocalOracle::open(store, config.oracle.block).await?))
+}
+
 /// The configured oracle: a `perc oracle` server, or one in this process (sled and memory
 /// only: a shared store needs a single oracle for every process).
 pub async fn open_oracle(config: &Config, store: &Arc<dyn Store>) -> Result<Arc<dyn Oracle>> {
