@@ -5,6 +5,7 @@
 //! machine is shared and absolute numbers drift. `make bench` runs every suite.
 
 mod core;
+mod datapath;
 mod distributed;
 mod notify;
 mod pipeline;
@@ -45,6 +46,16 @@ enum Suite {
         #[arg(long)]
         pages: usize,
     },
+    /// The data path (issue #9): replay of WARCs against the bare work on their records;
+    /// calls, transactions and store bytes per page, peak RSS.
+    Datapath {
+        /// WARCs to measure (default: two generated perc-synth webs).
+        #[arg(long = "warc")]
+        warcs: Vec<std::path::PathBuf>,
+    },
+    /// One WARC of `datapath`, in a process of its own (run by `datapath`).
+    #[command(hide = true)]
+    DatapathOne { warc: std::path::PathBuf },
     /// Every suite.
     All,
 }
@@ -58,11 +69,14 @@ fn main() -> anyhow::Result<()> {
         Suite::Distributed => distributed::run(args.scale),
         Suite::Scaling => scaling::run(args.scale),
         Suite::ScalingOne { pages } => scaling::one(pages),
+        Suite::Datapath { warcs } => datapath::run(args.scale, &warcs),
+        Suite::DatapathOne { warc } => datapath::one(&warc),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
             pipeline::run(args.scale)?;
             distributed::run(args.scale)?;
+            datapath::run(args.scale, &[])?;
             scaling::run(args.scale)
         }
     }

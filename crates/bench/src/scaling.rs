@@ -41,7 +41,7 @@ struct Figures {
 }
 
 /// The peak resident set of this process, from /proc.
-fn peak_rss_kb() -> u64 {
+pub(crate) fn peak_rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -42,7 +42,7 @@ pub use bytes::Bytes;
 
 pub use counted::{Counted, OpCounts};
 pub use mem::MemStore;
-pub use sled_backend::{SledOptions, SledStore};
+pub use sled_backend::{ColumnUsage, SledOptions, SledStore, TreeUsage, Usage};
 
 /// A timestamp: a version of a cell. Handed out by the oracle, strictly increasing.
 ///

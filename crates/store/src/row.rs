@@ -102,6 +102,13 @@ impl<V: Clone> RowCells<V> {
     }
 }
 
+impl<V> RowCells<V> {
+    /// Every column with its versions, newest first.
+    pub fn columns(&self) -> impl Iterator<Item = (&'static str, &Bytes, &[(Ts, V)])> {
+        self.columns.iter().map(|((f, q), v)| (*f, q, v.as_slice()))
+    }
+}
+
 fn in_range<V>(versions: &[(Ts, V)], range: TsRange) -> impl Iterator<Item = &(Ts, V)> {
     // Versions are newest first: skip those above the range, stop below it.
     let start = versions.partition_point(|(t, _)| *t > range.max);

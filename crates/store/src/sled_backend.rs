@@ -65,6 +65,30 @@ impl Default for SledOptions {
     }
 }
 
+/// What [`SledStore::usage`] found.
+#[derive(Clone, Debug, Default)]
+pub struct Usage {
+    pub disk_bytes: u64,
+    pub trees: Vec<TreeUsage>,
+    /// By `family/group` of the rows tree.
+    pub columns: BTreeMap<String, ColumnUsage>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct TreeUsage {
+    pub name: String,
+    pub keys: u64,
+    pub key_bytes: u64,
+    pub value_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ColumnUsage {
+    pub versions: u64,
+    pub inline_bytes: u64,
+    pub blob_bytes: u64,
+}
+
 pub struct SledStore {
     schema: Schema,
     db: sled::Db,
@@ -157,6 +181,42 @@ impl SledStore {
             }
         }
         Ok(total)
+    }
+
+    /// Where the bytes are: per sled tree, its keys and their key and value bytes; per
+    /// column group of the rows tree (a row-locality family and its qualifier up to the first
+    /// `:`, e.g. `data/crawl`), its versions and the bytes of their values, inline or in
+    /// blobs. A full scan: for measurements, not for serving.
+    pub fn usage(&self) -> Result<Usage> {
+        let mut u = Usage::default();
+        let named = [("rows".to_string(), &self.rows), ("blobs".to_string(), &self.blobs)];
+        let own = self.own.iter().map(|(f, t)| (format!("own/{f}"), t));
+        for (name, tree) in named.into_iter().chain(own) {
+            let mut t = TreeUsage { name, ..TreeUsage::default() };
+            for kv in tree.iter() {
+                let (k, v) = kv.map_err(io)?;
+                t.keys += 1;
+                t.key_bytes += k.len() as u64;
+                t.value_bytes += v.len() as u64;
+                if t.name == "rows" {
+                    for (family, qualifier, versions) in self.decode_row(Some(&v))?.columns() {
+                        let group = qualifier.split(|b| *b == b':').next().unwrap_or(qualifier);
+                        let key = format!("{family}/{}", String::from_utf8_lossy(group));
+                        let c = u.columns.entry(key).or_default();
+                        for (_, stored) in versions {
+                            c.versions += 1;
+                            match stored {
+                                Stored::Inline(b) => c.inline_bytes += b.len() as u64,
+                                Stored::Blob { len, .. } => c.blob_bytes += len,
+                            }
+                        }
+                    }
+                }
+            }
+            u.trees.push(t);
+        }
+        u.disk_bytes = self.size_on_disk()?;
+        Ok(u)
     }
 
     fn decode_row(&self, raw: Option<&[u8]>) -> Result<RowCells<Stored>> {

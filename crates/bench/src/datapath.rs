@@ -1,0 +1,221 @@
+//! The data path's figures (issue #9), per WARC: `perc replay` through the front door against
+//! a bare loop over the same records in the same run (read, parse, blake3, every link
+//! resolved, on two threads), with store calls and transactions per indexed page, store bytes
+//! per input byte after a garbage collection (by sled tree and by column group), and peak
+//! RSS. Each WARC runs in a child process of its own (`perc-bench datapath-one`), so that its
+//! peak RSS is its own. Without `--warc`, two perc-synth webs: 5000 pages, and 1000
+//! link-heavy pages (300-400 links each, like API documentation).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use perc_crawl::warc::Recorded;
+use perc_pipeline::{Config, Pipeline};
+use perc_store::{Counted, SledOptions, SledStore, Store};
+use perc_synth::{Spec, Web};
+use tokio_util::sync::CancellationToken;
+
+use crate::table::{rate, scaled, Table};
+
+/// One WARC's figures, as the child prints them (one JSON line).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Figures {
+    warc: String,
+    records: usize,
+    /// Response body bytes loaded (uncompressed).
+    body_bytes: u64,
+    pages: usize,
+    links: usize,
+    bare_s: f64,
+    replay_s: f64,
+    calls_per_page: f64,
+    /// Observer transactions (commits) per indexed page.
+    txns_per_page: f64,
+    /// Per observer: (name, commits per indexed page).
+    runs: Vec<(String, f64)>,
+    disk_bytes: u64,
+    live_bytes: u64,
+    trees: Vec<(String, u64)>,
+    /// The largest column groups of the rows tree: (family/group, bytes of values).
+    columns: Vec<(String, u64)>,
+    rss_kb: u64,
+}
+
+/// The bare work on every record: parse, hash, resolve every link; two threads.
+fn bare(records: &[Recorded]) -> (usize, f64) {
+    let start = Instant::now();
+    let next = Mutex::new(records.iter());
+    let links = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let Some(r) = next.lock().expect("not poisoned").next() else { break };
+                if r.response.status == 200 {
+                    let body = &r.response.body;
+                    let parsed = perc_crawl::parse(&r.url, body, r.response.charset.as_deref());
+                    std::hint::black_box(perc_crawl::content_hash(body));
+                    links.fetch_add(parsed.links.len(), std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (links.into_inner(), start.elapsed().as_secs_f64())
+}
+
+/// The child: one WARC, start to end.
+pub fn one(warc: &Path) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let f = rt.block_on(measure(warc))?;
+    println!("{}", serde_json::to_string(&f)?);
+    Ok(())
+}
+
+async fn measure(warc: &Path) -> Result<Figures> {
+    let config = Config::defaults();
+    // The bare loop reads the records into memory first (reading is timed in neither).
+    let (records, issues) = perc_crawl::warc::read(warc, config.crawl.body_bytes_max)?;
+    if !issues.is_empty() {
+        bail!("{}: {} unreadable records", warc.display(), issues.len());
+    }
+    let body_bytes: u64 = records.iter().map(|r| r.response.body.len() as u64).sum();
+    let (links, bare_s) = bare(&records);
+    drop(records);
+
+    let dir = tempfile::tempdir()?;
+    let mut config = config;
+    config.store.data = dir.path().display().to_string();
+    let options = SledOptions { cache_bytes: config.store.cache_bytes, flush_every_ms: 500 };
+    let sled = Arc::new(SledStore::open(dir.path(), perc_notify::schema(), &options)?);
+    let store = Arc::new(Counted::new(sled.clone() as Arc<dyn Store>));
+    let pipeline = Pipeline::builder(config).store(store.clone()).open().await?;
+    let before = store.counts();
+    let start = Instant::now();
+    let r = pipeline.replay(&[warc.to_path_buf()], &CancellationToken::new()).await?;
+    let replay_s = start.elapsed().as_secs_f64();
+    let calls = store.counts().row_ops() - before.row_ops();
+    let pages = r.pages.max(1);
+    let stats = pipeline.engine.stats();
+    let commits: u64 = stats.iter().map(|s| s.commits).sum();
+    let runs = stats
+        .iter()
+        .filter(|s| s.commits > 0)
+        .map(|s| (s.name.clone(), s.commits as f64 / pages as f64))
+        .collect();
+    // What a running store keeps after its collector has run.
+    perc_txn::gc::collect(&pipeline.client, 4096).await?;
+    pipeline.close().await?;
+    let usage = sled.usage()?;
+    let mut columns: Vec<(String, u64)> =
+        usage.columns.iter().map(|(k, c)| (k.clone(), c.inline_bytes + c.blob_bytes)).collect();
+    columns.sort_by(|a, b| b.1.cmp(&a.1));
+    columns.truncate(8);
+    Ok(Figures {
+        warc: warc.display().to_string(),
+        records: r.loaded,
+        body_bytes,
+        pages: r.pages,
+        links,
+        bare_s,
+        replay_s,
+        calls_per_page: calls as f64 / pages as f64,
+        txns_per_page: commits as f64 / pages as f64,
+        runs,
+        disk_bytes: usage.disk_bytes,
+        live_bytes: usage.trees.iter().map(|t| t.key_bytes + t.value_bytes).sum(),
+        trees: usage.trees.iter().map(|t| (t.name.clone(), t.key_bytes + t.value_bytes)).collect(),
+        columns,
+        rss_kb: crate::scaling::peak_rss_kb(),
+    })
+}
+
+/// The parent: the given WARCs (or two generated ones), each in a child, then the tables.
+pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
+    println!("# perc-bench datapath (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
+    let tmp = tempfile::tempdir()?;
+    let mut files = warcs.to_vec();
+    if files.is_empty() {
+        let synth = tmp.path().join("synth.warc.gz");
+        perc_synth::write::warc(&Web::new(Spec::new(scaled(5_000, scale) as usize, 7)), &synth)?;
+        let mut heavy = Spec::new(scaled(1_000, scale) as usize, 9);
+        heavy.links = (300, 400);
+        let linked = tmp.path().join("link-heavy.warc.gz");
+        perc_synth::write::warc(&Web::new(heavy), &linked)?;
+        files = vec![synth, linked];
+    }
+    let exe = std::env::current_exe()?;
+    let mut all: Vec<Figures> = Vec::new();
+    for f in &files {
+        let out = std::process::Command::new(&exe)
+            .arg("datapath-one")
+            .arg(f)
+            .output()
+            .context("run perc-bench datapath-one")?;
+        if !out.status.success() {
+            bail!("datapath-one {}: {}", f.display(), String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().last().ok_or_else(|| anyhow!("datapath-one printed nothing"))?;
+        all.push(serde_json::from_str(line).context("datapath-one's figures")?);
+    }
+    for f in &all {
+        let name = Path::new(&f.warc)
+            .file_name()
+            .map_or(f.warc.clone(), |n| n.to_string_lossy().into_owned());
+        let mut t = Table::new();
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        t.add(
+            "bare loop (read records, parse + blake3 + links, 2 threads)",
+            rate(f.records as u64, f.bare_s),
+            format!(
+                "{} records, {:.1} MiB of bodies, {} links",
+                f.records,
+                mib(f.body_bytes),
+                f.links
+            ),
+        );
+        t.add(
+            "perc replay",
+            rate(f.records as u64, f.replay_s),
+            format!("{} pages indexed in {:.1} s", f.pages, f.replay_s),
+        );
+        t.add("replay / bare throughput", format!("{:.2}", f.bare_s / f.replay_s), "goal >= 0.5");
+        t.add("store calls per indexed page", format!("{:.1}", f.calls_per_page), "goal <= 30");
+        t.add(
+            "observer transactions per indexed page",
+            format!("{:.1}", f.txns_per_page),
+            format!(
+                "goal <= 6; {}",
+                f.runs.iter().map(|(n, r)| format!("{n} {r:.2}")).collect::<Vec<_>>().join(", ")
+            ),
+        );
+        t.add(
+            "store on disk after replay + GC / body bytes",
+            format!("{:.2}", f.disk_bytes as f64 / f.body_bytes.max(1) as f64),
+            format!(
+                "goal <= 1.0; {:.1} MiB on disk, {:.1} MiB live ({:.2}x); trees: {}",
+                mib(f.disk_bytes),
+                mib(f.live_bytes),
+                f.live_bytes as f64 / f.body_bytes.max(1) as f64,
+                f.trees
+                    .iter()
+                    .map(|(n, b)| format!("{n} {:.1} MiB", mib(*b)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+        t.add(
+            "largest column groups (values)",
+            "",
+            f.columns
+                .iter()
+                .map(|(n, b)| format!("{n} {:.1} MiB", mib(*b)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        t.add("peak RSS", format!("{} MiB", f.rss_kb / 1024), "the child process, both loops");
+        t.print(&format!("the data path on {name}"));
+    }
+    Ok(())
+}
