@@ -109,7 +109,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
     let usage = sled.usage()?;
     let mut columns: Vec<(String, u64)> =
         usage.columns.iter().map(|(k, c)| (k.clone(), c.inline_bytes + c.blob_bytes)).collect();
-    columns.sort_by(|a, b| b.1.cmp(&a.1));
+    columns.sort_by_key(|c| std::cmp::Reverse(c.1));
     columns.truncate(8);
     Ok(Figures {
         warc: warc.display().to_string(),
