@@ -14,7 +14,7 @@ use perc_crawl::{
 };
 use perc_notify::{client_for, Engine, RowLease, StoreLease};
 use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
-use perc_store::{MemStore, SledOptions, SledStore, Store};
+use perc_store::{Coalesced, MemStore, SledOptions, SledStore, Store};
 use perc_txn::{Clock, SystemClock, TxnConfig};
 
 use crate::config::{Backend, Config};
@@ -122,6 +122,9 @@ impl Builder {
             Some(s) => s,
             None => open_store(&config, self.create).await?,
         };
+        // Concurrent runs' small unconditional writes (notify cells, notification clears,
+        // secondary commits) share calls: one RPC for many on Bigtable.
+        let store: Arc<dyn Store> = Arc::new(Coalesced::new(store));
         let oracle = match self.oracle {
             Some(o) => o,
             None => open_oracle(&config, &store).await?,

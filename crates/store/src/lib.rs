@@ -26,6 +26,7 @@
 //! [`sled_backend::SledStore`] (the embedded, durable default). Every backend passes the same
 //! [`conformance`] suite.
 
+pub mod coalesce;
 pub mod counted;
 pub mod keycode;
 pub mod mem;
@@ -40,6 +41,7 @@ use std::fmt;
 use async_trait::async_trait;
 pub use bytes::Bytes;
 
+pub use coalesce::Coalesced;
 pub use counted::{Counted, OpCounts};
 pub use mem::MemStore;
 pub use sled_backend::{ColumnUsage, SledOptions, SledStore, TreeUsage, Usage};
