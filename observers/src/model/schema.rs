@@ -3,7 +3,7 @@
 //! ```text
 //!   row                    columns (transactional)                      written by
 //!   p:<url>                crawl:want   {depth, gen, hops}              loader, discover
-//!                          crawl:raw    fetch outcome + body            fetch, replay loader
+//!                          crawl:raw    fetch outcome + zstd body       fetch, replay loader
 //!                          page:meta    kind, reason, title, noindex…   parse
 //!                          page:links   [[target, anchor]]              parse
 //!                          page:follow  {depth, hops, targets}          parse
