@@ -1,6 +1,6 @@
 //! alias: a redirect's source becomes an alias of its target.
 //!
-//! - Trigger: `page:redirect` of `p:<source>` (strong).
+//! - Runs: in the page's parse run, after parse wrote `page:redirect`.
 //! - Reads: the redirect target ("" if none), and `alias:done` (the target recorded last time).
 //! - Writes: `r:<target>\0<source>` (removing the old target's row), and `alias:done`.
 //! - Notifies: the source's own `indeg:dirty` (weakly), when the registration moved. Indegree keeps
@@ -10,34 +10,24 @@
 //!   Chains (a → b → c) resolve in indegree.
 //! - Twice is harmless: nothing changes when the target equals `alias:done`.
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use perc_notify::{Observer, ObserverError};
+use perc_notify::ObserverError;
 use perc_txn::Transaction;
 
 use crate::model::{self, col};
 
-pub struct Alias;
-
-#[async_trait]
-impl Observer for Alias {
-    async fn observe(
-        &self,
-        txn: &mut Transaction,
-        row: &Bytes,
-        _column: &Bytes,
-    ) -> Result<(), ObserverError> {
-        let Some(source) = model::url_of(row) else { return Ok(()) };
-        let redirect = model::Registration {
-            key: col::REDIRECT,
-            registered: col::TARGET_REGISTERED,
-            child: model::redirect_in,
-            child_column: col::ALIAS_FROM,
-            notify: None,
-        };
-        if model::reregister(txn, row, source, &redirect).await? {
-            txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
-        }
-        Ok(())
+/// The stage, in the transaction of the page's parse run.
+pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
+    let Some(source) = model::url_of(row) else { return Ok(()) };
+    let redirect = model::Registration {
+        key: col::REDIRECT,
+        registered: col::TARGET_REGISTERED,
+        child: model::redirect_in,
+        child_column: col::ALIAS_FROM,
+        notify: None,
+    };
+    if model::reregister(txn, row, source, &redirect).await? {
+        txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
     }
+    Ok(())
 }

@@ -1,11 +1,13 @@
-//! The indexing pipeline: ten observers, each doing one job and writing what the next one
-//! watches (SPEC §6), and the loaders and queries around them.
+//! The indexing pipeline: ten stages, each doing one job and writing what the next one
+//! watches (SPEC §6), and the loaders and queries around them. Seven are observers with a
+//! trigger column of their own; dedup, invert and alias run inside parse's transaction (they
+//! read only the page's own row, which parse has just written: one run per page, not four).
 //!
 //! ```text
-//!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► page:hash ─► dedup ─┐
-//!     (replay writes crawl:raw directly)                 ├─► page:links ─► invert ┤ indeg:dirty
-//!                                                        ├─► page:redirect ─► alias ┘   │
-//!                                                        └─► page:follow ─► discover    ▼
+//!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► (+ dedup) ────────────┐
+//!     (replay writes crawl:raw directly)      one run:   ├─► (+ invert) ──────────┤ indeg:dirty
+//!                                                        ├─► (+ alias) ───────────┘   │
+//!                                                        └─► page:follow ─► discover  ▼
 //!                        export ◄─ forward ◄─ cluster ◄──────────── cluster:dirty ◄─ indegree
 //!                        (every stage that changes what a page shows notifies export)
 //! ```
@@ -44,9 +46,6 @@ pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
     let mut r = Registry::new();
     r.register("fetch", col::WANT, NotifyKind::Strong, Arc::new(fetch::Fetch { source }))?;
     r.register("parse", col::RAW, NotifyKind::Strong, Arc::new(parse::Parse))?;
-    r.register("dedup", col::HASH, NotifyKind::Strong, Arc::new(dedup::Dedup))?;
-    r.register("invert", col::LINKS, NotifyKind::Strong, Arc::new(invert::Invert))?;
-    r.register("alias", col::REDIRECT, NotifyKind::Strong, Arc::new(alias::Alias))?;
     r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
     r.register("indegree", col::INDEG_DIRTY, NotifyKind::Weak, Arc::new(indegree::InDegree))?;
     r.register("cluster", col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;

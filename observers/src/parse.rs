@@ -6,9 +6,12 @@
 //!   `page:links` (one `[target, anchor]` per distinct target, sorted), `page:follow`
 //!   (what discovery may follow), `page:hash` (content hash, "" unless a page),
 //!   `page:redirect` (the redirect target, "" if none).
-//! - Notifies: dedup (`page:hash`), invert (`page:links`), alias (`page:redirect`), discover
-//!   (`page:follow`); weakly, export when the meta changed and the page's own indegree when its
-//!   redirect changed (indegree branches on it; alias only notifies the targets).
+//! - Then, in the same transaction, the page-local stages that read what it wrote: [`dedup`]
+//!   (`page:hash`), [`invert`] (`page:links`) and [`alias`] (`page:redirect`); each has its
+//!   contract in its module, and each does nothing when its input did not change.
+//! - Notifies: discover (`page:follow`); weakly, export when the meta changed and the page's
+//!   own indegree when its redirect changed (indegree branches on it; alias only notifies the
+//!   targets); and what the three stages notify.
 //! - Twice is harmless: the same raw record gives the same values, and unchanged values are
 //!   not written, so nothing downstream runs.
 //!
@@ -22,6 +25,7 @@ use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
 use crate::model::{self, col, Follow, Meta};
+use crate::{alias, dedup, invert};
 
 pub struct Parse;
 
@@ -110,6 +114,11 @@ impl Observer for Parse {
             // once the redirect's registration is written).
             txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
         }
+        // The page-local stages follow in this transaction, reading what it just wrote: one
+        // run per page instead of four (each stage's contract is in its module).
+        dedup::run(txn, row).await?;
+        invert::run(txn, row).await?;
+        alias::run(txn, row).await?;
         Ok(())
     }
 }
