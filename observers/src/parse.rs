@@ -4,7 +4,8 @@
 //! - Reads: the raw record.
 //! - Writes (each only if it changed): `page:meta` (kind, reason, title, noindex, hash),
 //!   `page:links` (one `[target, anchor]` per distinct target, sorted), `page:follow`
-//!   (what discovery may follow), `page:hash` (content hash, "" unless a page),
+//!   (what discovery may follow; only for a page in the frontier, which a replayed page is
+//!   not), `page:hash` (content hash, "" unless a page),
 //!   `page:redirect` (the redirect target, "" if none).
 //! - Then, in the same transaction, the page-local stages that read what it wrote: [`dedup`]
 //!   (`page:hash`), [`invert`] (`page:links`) and [`alias`] (`page:redirect`); each has its
@@ -106,7 +107,11 @@ impl Observer for Parse {
             txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
         }
         model::set_json_if_changed(txn, row, col::LINKS, &links).await?;
-        model::set_json_if_changed(txn, row, col::FOLLOW, &follow).await?;
+        // Only a page the crawl reached (it is in the frontier) has links to follow: a replayed
+        // page's run of discover would find no scope and do nothing.
+        if txn.get(row, col::WANT).await?.is_some() {
+            model::set_json_if_changed(txn, row, col::FOLLOW, &follow).await?;
+        }
         model::set_if_changed(txn, row, col::HASH, Bytes::from(meta.content_hash.clone())).await?;
         let redirect = meta.redirect_to.clone().unwrap_or_default();
         if model::set_if_changed(txn, row, col::REDIRECT, Bytes::from(redirect)).await? {
