@@ -2,6 +2,11 @@
 //! workers) assembled from a validated [`Config`], and the run-until-quiescent loop with its
 //! progress display. The binary, the benchmarks and the tests open a [`Pipeline`] rather than
 //! wiring the layers themselves.
+//!
+//! Here: the verbs (`crawl`, `replay`, `refetch`, `canonical`, `page`, `export`, `status`,
+//! `work`, `run_until_quiet`, `close`); in [`config`] the configuration and its checks; in
+//! `open` the assembly ([`Pipeline::open`], [`Builder`]); in `error` [`PipelineError`]; in
+//! [`diff`] the semantic diff of two exports (`perc diff`, `perc replay --expect`).
 
 pub mod config;
 pub mod diff;
