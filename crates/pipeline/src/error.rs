@@ -11,9 +11,7 @@ use crate::config::ConfigError;
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     /// A command that needs an index found no store (a typo in `--data`, most likely).
-    #[error(
-        "no perc store at {dir} (perc crawl and perc replay create one; --data picks another)"
-    )]
+    #[error("{}", no_store(dir))]
     NoStore { dir: String },
     /// The disk is full: what was committed before is intact.
     #[error("no space left on device ({0})")]
@@ -40,6 +38,15 @@ pub enum PipelineError {
 }
 
 pub type Result<T, E = PipelineError> = std::result::Result<T, E>;
+
+fn no_store(dir: &str) -> String {
+    if dir == crate::MEMORY {
+        return "no perc store at :memory:: a memory store is new and empty at every command, \
+                so only crawl and replay can use one"
+            .into();
+    }
+    format!("no perc store at {dir} (perc crawl and perc replay create one; --data picks another)")
+}
 
 impl From<TxnError> for PipelineError {
     fn from(e: TxnError) -> PipelineError {
