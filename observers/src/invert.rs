@@ -1,15 +1,17 @@
 //! invert: link inversion. A page's outlinks become inlink rows of their targets.
 //!
 //! - Runs: in the page's parse run, after parse wrote `page:links`.
-//! - Reads: the links, and `invert:done` (the links inverted last time).
+//! - Reads: the links parse computed, and the `page:links` it replaced: since both are written
+//!   in one transaction, the links the last run inverted (no copy of them is kept).
 //! - Writes: for each target added, or whose anchor changed, `e:<target>\0<source>` =
 //!   anchor; for each target no longer linked, deletes that row; for each edge added or
 //!   removed (to another page), +1 or -1 into `d:<target>\0<source>` (`indeg:delta`, which
 //!   only this source's runs, the target's indegree and its aliases' indegree runs touch, so a page
-//!   every page links to is no hot cell; a 0 is kept, for indegree to delete); then `invert:done`.
+//!   every page links to is no hot cell; a 0 is kept, for indegree to delete).
 //! - Notifies: each affected target's `indeg:dirty` (weakly: a page every page links to is a
 //!   hot row, and weak notifications never conflict).
-//! - Twice is harmless: the diff against `invert:done` is empty the second time.
+//! - Twice is harmless: the second time the links replaced equal the links written, and the
+//!   diff is empty.
 
 use std::collections::BTreeMap;
 
@@ -19,28 +21,25 @@ use perc_txn::Transaction;
 
 use crate::model::{self, col};
 
-/// The stage, in the transaction of the page's parse run.
-pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
+/// The stage, in the transaction of the page's parse run: `before` is the page's
+/// `page:links` as the last parse run left it (and so as the last inversion saw it), `now`
+/// what this run writes.
+pub async fn run(
+    txn: &mut Transaction,
+    row: &Bytes,
+    before: &[(String, String)],
+    now: &[(String, String)],
+) -> Result<(), ObserverError> {
     let Some(source) = model::url_of(row) else { return Ok(()) };
-    let now: BTreeMap<String, String> =
-        model::get_json::<Vec<(String, String)>>(txn, row, col::LINKS)
-            .await?
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-    let before: BTreeMap<String, String> =
-        model::get_json::<Vec<(String, String)>>(txn, row, col::LINKS_INVERTED)
-            .await?
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+    let now: BTreeMap<&String, &String> = now.iter().map(|(t, a)| (t, a)).collect();
+    let before: BTreeMap<&String, &String> = before.iter().map(|(t, a)| (t, a)).collect();
     if now == before {
         return Ok(());
     }
     // Edges that appear (+1) or go (-1), for the targets' counts.
     let mut deltas: Vec<(&String, i64)> = Vec::new();
-    for (target, anchor) in &now {
-        if before.get(target) != Some(anchor) {
+    for (&target, &anchor) in &now {
+        if before.get(target) != Some(&anchor) {
             txn.set(model::edge(target, source), Bytes::from_static(col::EDGE), anchor.clone());
             txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
             if !before.contains_key(target) {
@@ -48,7 +47,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
             }
         }
     }
-    for target in before.keys() {
+    for &target in before.keys() {
         if !now.contains_key(target) {
             txn.delete(model::edge(target, source), Bytes::from_static(col::EDGE));
             txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
@@ -66,11 +65,5 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         let n = model::count_of(old)? + d;
         txn.set(key, Bytes::from_static(col::DELTA), n.to_string());
     }
-    let done: Vec<(String, String)> = now.into_iter().collect();
-    txn.set(
-        row.clone(),
-        Bytes::from_static(col::LINKS_INVERTED),
-        serde_json::to_vec(&done).expect("serializable"),
-    );
     Ok(())
 }

@@ -106,6 +106,9 @@ impl Observer for Parse {
         if model::set_json_if_changed(txn, row, col::META, &meta).await? {
             txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
         }
+        // The links as the last run left them: what the last inversion inverted.
+        let links_before: Vec<(String, String)> =
+            model::get_json(txn, row, col::LINKS).await?.unwrap_or_default();
         model::set_json_if_changed(txn, row, col::LINKS, &links).await?;
         // Only a page the crawl reached (it is in the frontier) has links to follow: a replayed
         // page's run of discover would find no scope and do nothing.
@@ -122,7 +125,7 @@ impl Observer for Parse {
         // The page-local stages follow in this transaction, reading what it just wrote: one
         // run per page instead of four (each stage's contract is in its module).
         dedup::run(txn, row).await?;
-        invert::run(txn, row).await?;
+        invert::run(txn, row, &links_before, &links).await?;
         alias::run(txn, row).await?;
         Ok(())
     }

@@ -16,7 +16,7 @@
 //!                                       canonical carries
 //!                          export:line  the serving copy (JSON; its     export
 //!                                       inlinks are read from the e: rows of fwd:names)
-//!                          dedup:registered, invert:done, alias:done    their observers' memory
+//!                          dedup:registered, alias:done                 their stages' memory
 //!                          indeg:base   edges into this URL, counted    indegree
 //!                          indeg:extra  sources reaching it only        indegree
 //!                                       through aliases
@@ -61,7 +61,6 @@ pub mod col {
     pub const REDIRECT: &[u8] = b"page:redirect";
     pub const CANONICAL: &[u8] = b"page:canonical";
     pub const HASH_REGISTERED: &[u8] = b"dedup:registered";
-    pub const LINKS_INVERTED: &[u8] = b"invert:done";
     pub const TARGET_REGISTERED: &[u8] = b"alias:done";
     pub const INDEG_DIRTY: &[u8] = b"indeg:dirty";
     pub const INDEG: &[u8] = b"indeg:indeg";
