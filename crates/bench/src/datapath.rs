@@ -123,7 +123,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
         txns_per_page: commits as f64 / pages as f64,
         runs,
         disk_bytes: usage.disk_bytes,
-        live_bytes: usage.trees.iter().map(|t| t.key_bytes + t.value_bytes).sum(),
+        live_bytes: usage.live_bytes(),
         trees: usage.trees.iter().map(|t| (t.name.clone(), t.key_bytes + t.value_bytes)).collect(),
         columns,
         rss_kb: crate::scaling::peak_rss_kb(),

@@ -29,7 +29,7 @@ use url::Url;
 
 pub use crate::config::{Backend, Config, ConfigError};
 pub use crate::error::{PipelineError, Result};
-pub use crate::open::{open_oracle, open_store, shared_oracle, Builder, Create, Fetching, MEMORY};
+pub use crate::open::{open_store, shared_oracle, Builder, Create, Fetching, MEMORY};
 /// What the verbs hand back, from the layer that defines them.
 pub use perc_observers::model::{CrawlScope, ExportLine};
 pub use perc_observers::{PageInfo, Report};

@@ -293,7 +293,7 @@ pub async fn shared_oracle(config: &Config) -> Result<Arc<LocalOracle>> {
 
 /// The configured oracle: a `perc oracle` server, or one in this process (sled and memory
 /// only: a shared store needs a single oracle for every process).
-pub async fn open_oracle(config: &Config, store: &Arc<dyn Store>) -> Result<Arc<dyn Oracle>> {
+async fn open_oracle(config: &Config, store: &Arc<dyn Store>) -> Result<Arc<dyn Oracle>> {
     if !config.oracle.server.is_empty() {
         let client = perc_oracle::ClientConfig {
             reconnect_for_ms: config.oracle.reconnect_for_ms,

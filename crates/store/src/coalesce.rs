@@ -39,10 +39,6 @@ impl<S: Store> Coalesced<S> {
         Coalesced { inner, queue: Mutex::new(Queue::default()), turn: tokio::sync::Mutex::new(()) }
     }
 
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
     async fn merged(&self, rows: &[RowMutation]) -> Result<()> {
         let mut outcome = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());

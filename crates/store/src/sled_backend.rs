@@ -74,6 +74,14 @@ pub struct Usage {
     pub columns: BTreeMap<String, ColumnUsage>,
 }
 
+impl Usage {
+    /// Bytes of keys and values held now, in every tree: what `disk_bytes` would be without
+    /// sled's log-structured space amplification.
+    pub fn live_bytes(&self) -> u64 {
+        self.trees.iter().map(|t| t.key_bytes + t.value_bytes).sum()
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct TreeUsage {
     pub name: String,
@@ -168,19 +176,6 @@ impl SledStore {
     /// Bytes on disk, as sled reports them.
     pub fn size_on_disk(&self) -> Result<u64> {
         self.db.size_on_disk().map_err(io)
-    }
-
-    /// Bytes of keys and values the store holds now, in every tree: what `size_on_disk`
-    /// would be without sled's log-structured space amplification.
-    pub fn live_bytes(&self) -> Result<u64> {
-        let mut total = 0u64;
-        for tree in [&self.rows, &self.blobs].into_iter().chain(self.own.values()) {
-            for kv in tree.iter() {
-                let (k, v) = kv.map_err(io)?;
-                total += (k.len() + v.len()) as u64;
-            }
-        }
-        Ok(total)
     }
 
     /// Where the bytes are: per sled tree, its keys and their key and value bytes; per
