@@ -594,7 +594,7 @@ async fn replay_expect(
 /// The golden file against this run's export lines; a golden that is not an export is bad
 /// input (exit 2).
 fn compare(golden: &Path, got: &[String]) -> Result<diff::ExportDiff> {
-    let lines = got.iter().map(|l| Ok(l.clone()));
+    let lines = got.iter().map(Ok);
     let new = diff::Side { name: "this replay".into(), lines };
     Ok(diff::diff(diff::Side::file(golden)?, new)?)
 }

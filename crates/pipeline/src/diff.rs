@@ -121,16 +121,17 @@ struct Reader<I> {
     pages: usize,
 }
 
-impl<I: Iterator<Item = std::io::Result<String>>> Reader<I> {
+impl<S: AsRef<str>, I: Iterator<Item = std::io::Result<S>>> Reader<I> {
     fn next(&mut self) -> Result<Option<Line>, DiffError> {
         loop {
             let Some(text) = self.lines.next() else { return Ok(None) };
             self.at += 1;
             let text = text.map_err(|source| DiffError::Io { file: self.name.clone(), source })?;
+            let text = text.as_ref();
             if text.trim().is_empty() {
                 continue;
             }
-            let line = self.parse(&text)?;
+            let line = self.parse(text)?;
             if let Some(last) = &self.last {
                 if line.url.as_str() <= last.as_str() {
                     return Err(self.bad(format!(
@@ -169,11 +170,14 @@ impl<I: Iterator<Item = std::io::Result<String>>> Reader<I> {
     }
 }
 
-/// Compares two exports line by line in URL order.
-pub fn diff<A, B>(old: Side<A>, new: Side<B>) -> Result<ExportDiff, DiffError>
+/// Compares two exports line by line in URL order. Lines may be owned (read from a file) or
+/// borrowed (an export in memory).
+pub fn diff<A, B, SA, SB>(old: Side<A>, new: Side<B>) -> Result<ExportDiff, DiffError>
 where
-    A: Iterator<Item = std::io::Result<String>>,
-    B: Iterator<Item = std::io::Result<String>>,
+    SA: AsRef<str>,
+    SB: AsRef<str>,
+    A: Iterator<Item = std::io::Result<SA>>,
+    B: Iterator<Item = std::io::Result<SB>>,
 {
     let mut a = Reader { name: old.name, lines: old.lines, at: 0, last: None, pages: 0 };
     let mut b = Reader { name: new.name, lines: new.lines, at: 0, last: None, pages: 0 };
