@@ -98,12 +98,7 @@ pub fn run(scale: f64) -> Result<()> {
         let start = Instant::now();
         let mut links = 0usize;
         perc_crawl::warc::read_each(&warc, u64::MAX, |r| {
-            if r.response.status == 200 {
-                let body = &r.response.body;
-                let parsed = perc_crawl::parse(&r.url, body, r.response.charset.as_deref());
-                std::hint::black_box(perc_crawl::content_hash(body));
-                links += parsed.links.len();
-            }
+            links += crate::datapath::bare_work(&r);
         })?;
         let bare = start.elapsed().as_secs_f64();
         t.add(
