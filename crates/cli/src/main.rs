@@ -225,19 +225,16 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 
 fn load_config(cli: &Cli) -> Result<config::Config> {
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let mut c = config::load(cli.config.as_deref(), &env, &cli.sets)?;
-    let data = cli.data.as_ref().map(|d| d.display().to_string());
-    // A golden check runs in a throwaway store unless told where to keep one.
+    // --data is the last layer; a golden check runs in a throwaway store unless told where
+    // to keep one.
+    let mut sets = cli.sets.clone();
     let throwaway = matches!(cli.command, Command::Replay { expect: Some(_), .. });
-    match data.as_deref() {
-        Some(perc_pipeline::MEMORY) => c.store.backend = config::Backend::Memory,
-        None if throwaway => c.store.backend = config::Backend::Memory,
-        _ => {}
+    match &cli.data {
+        Some(d) => sets.push(format!("store.data={}", d.display())),
+        None if throwaway => sets.push(format!("store.data={}", perc_pipeline::MEMORY)),
+        None => {}
     }
-    if let Some(d) = data {
-        c.store.data = d;
-    }
-    Ok(c)
+    Ok(config::load(cli.config.as_deref(), &env, &sets)?)
 }
 
 fn parse_url(raw: &str) -> Result<Url> {

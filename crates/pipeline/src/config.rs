@@ -352,8 +352,18 @@ pub fn load(
         set_key(&mut root, key.trim(), value, &format!("--set {key}"), &mut origins)?;
     }
     check_ranges(&root, &origins)?;
-    root.try_into().map_err(|e: toml::de::Error| bad!("configuration: {e}"))
+    let mut config: Config =
+        root.try_into().map_err(|e: toml::de::Error| bad!("configuration: {e}"))?;
+    // However it was set (a file, PERC_STORE_DATA, --set, --data), `:memory:` names no
+    // directory but the memory store.
+    if config.store.data == MEMORY {
+        config.store.backend = Backend::Memory;
+    }
+    Ok(config)
 }
+
+/// What `store.data` (and `--data`) names for a store in memory.
+pub const MEMORY: &str = ":memory:";
 
 /// `PERC_` variables that are not configuration keys: the tests' and tools' own.
 const NOT_CONFIG: &[&str] =
@@ -362,6 +372,15 @@ const NOT_CONFIG: &[&str] =
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_data_selects_the_memory_store_from_any_layer() {
+        let env = vec![("PERC_STORE_DATA".to_string(), MEMORY.to_string())];
+        assert_eq!(load(None, &env, &[]).unwrap().store.backend, Backend::Memory);
+        let set = load(None, &[], &[format!("store.data={MEMORY}")]).unwrap();
+        assert_eq!(set.store.backend, Backend::Memory);
+        assert_eq!(load(None, &[], &[]).unwrap().store.backend, Backend::Sled);
+    }
 
     #[test]
     fn layers_and_errors() {

@@ -17,7 +17,7 @@ use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
 use perc_store::{Coalesced, MemStore, SledOptions, SledStore, Store};
 use perc_txn::{Clock, SystemClock, TxnConfig};
 
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, MEMORY};
 use crate::error::{PipelineError, Result};
 use crate::Pipeline;
 
@@ -28,9 +28,6 @@ pub enum Fetching {
     /// Nothing is fetched: a URL not already loaded is recorded as not available.
     Offline,
 }
-
-/// What `--data` names for a store in memory (`store.backend = "memory"`).
-pub const MEMORY: &str = ":memory:";
 
 /// Whether opening may create the store. Only a crawl or a replay should: for any other
 /// command a missing store is a mistake (a typo in `--data`), not an empty index.
