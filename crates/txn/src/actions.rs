@@ -72,19 +72,13 @@ pub struct LockInfo {
     pub ttl_ms: u64,
 }
 
-/// Prewrites every cell of `row` in one conditional mutation.
-///
-/// The condition is "no lock, and no write record at or after `start_ts`". Other
-/// transactions' rollback records are write records too, but not commits: when a prewrite
-/// fails only because of them, it is retried with a condition that leaves out exactly their
-/// timestamps (a start_ts is never a commit_ts, so nothing else can stand there).
-pub async fn prewrite(
-    store: &dyn Store,
+/// A prewrite's mutations of one row: each cell's data (for a put) and its lock at start_ts.
+fn prewrite_mutations(
     row: &Bytes,
     cells: &[CellWrite],
     start_ts: Ts,
     info: &LockInfo,
-) -> Result<(), TxnError> {
+) -> Vec<Mutation> {
     let mut mutations = Vec::with_capacity(cells.len() * 2);
     for cell in cells {
         if let Some(value) = &cell.value {
@@ -108,6 +102,46 @@ pub async fn prewrite(
             value: lock.encode(),
         });
     }
+    mutations
+}
+
+/// Prewrites rows whose cells need no conflict check ([`crate::Transaction::set_unchecked`]):
+/// the same locks and data as [`prewrite`], written unconditionally, every row in one batched
+/// call. Never the primary: its conditional prewrite is what decides the conflicts.
+pub async fn prewrite_unchecked(
+    store: &dyn Store,
+    rows: &[(Bytes, Vec<CellWrite>)],
+    start_ts: Ts,
+    info: &LockInfo,
+) -> Result<(), TxnError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let batch: Vec<RowMutation> = rows
+        .iter()
+        .map(|(row, cells)| RowMutation {
+            row: row.clone(),
+            mutations: prewrite_mutations(row, cells, start_ts, info),
+        })
+        .collect();
+    store.mutate_rows(&batch).await?;
+    Ok(())
+}
+
+/// Prewrites every cell of `row` in one conditional mutation.
+///
+/// The condition is "no lock, and no write record at or after `start_ts`". Other
+/// transactions' rollback records are write records too, but not commits: when a prewrite
+/// fails only because of them, it is retried with a condition that leaves out exactly their
+/// timestamps (a start_ts is never a commit_ts, so nothing else can stand there).
+pub async fn prewrite(
+    store: &dyn Store,
+    row: &Bytes,
+    cells: &[CellWrite],
+    start_ts: Ts,
+    info: &LockInfo,
+) -> Result<(), TxnError> {
+    let mutations = prewrite_mutations(row, cells, start_ts, info);
     // Per cell: the timestamps of other transactions' rollback records at or after start_ts.
     let mut skip: Vec<Vec<Ts>> = vec![Vec::new(); cells.len()];
     loop {

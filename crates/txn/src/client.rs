@@ -162,6 +162,7 @@ impl Client {
             client: self.clone(),
             start_ts,
             writes: BTreeMap::new(),
+            unchecked: BTreeSet::new(),
             weak: BTreeSet::new(),
             reads: Mutex::new(HashMap::new()),
         })

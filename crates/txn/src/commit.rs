@@ -1,5 +1,5 @@
 //! The commit (the paper's Figure 6): prewrite every cell (one conditional mutation per row,
-//! the primary's row first), set the notify cells at commit_ts, commit the primary durably
+//! the primary's row first; rows of unchecked cells all in one batched call), set the notify cells at commit_ts, commit the primary durably
 //! (the commit point), then the secondaries in one batch. Crash points for fault tests stop
 //! it part-way, as a dead process would (the `failpoints` feature).
 
@@ -66,6 +66,7 @@ impl Transaction {
 
     async fn commit_inner(mut self, crash: Option<CommitStep>) -> Result<Outcome, TxnError> {
         let writes = std::mem::take(&mut self.writes);
+        let unchecked = std::mem::take(&mut self.unchecked);
         let weak = std::mem::take(&mut self.weak);
         let client = self.client.clone();
         let store = client.store().as_ref();
@@ -91,12 +92,22 @@ impl Transaction {
                 notify.insert((row.clone(), column.clone()));
             }
         }
-        // Group the buffer by row; the first cell (in key order) is the primary.
+        // Group the buffer by row. A row whose every cell is unchecked is prewritten in one
+        // batch with the others like it; the rest one conditional mutation each, the primary
+        // (the first checked cell in key order, or the first cell if none is) first.
         let mut rows: BTreeMap<Bytes, Vec<CellWrite>> = BTreeMap::new();
+        let mut checked_rows: BTreeSet<Bytes> = BTreeSet::new();
         for ((row, column), value) in writes {
+            if !unchecked.contains(&(row.clone(), column.clone())) {
+                checked_rows.insert(row.clone());
+            }
             rows.entry(row).or_default().push(CellWrite { column, value });
         }
-        let (primary_row, primary_cells) = rows.pop_first().expect("non-empty");
+        let primary_row = checked_rows
+            .first()
+            .cloned()
+            .unwrap_or_else(|| rows.first_key_value().map(|(r, _)| r.clone()).expect("non-empty"));
+        let primary_cells = rows.remove(&primary_row).expect("the primary's row is buffered");
         let primary_column = primary_cells[0].column.clone();
         client.heartbeat_if_old().await?;
         let info = LockInfo {
@@ -115,31 +126,42 @@ impl Transaction {
         if crash == Some(CommitStep::AfterPrewritePrimary) {
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
-        let secondaries: Vec<(Bytes, Vec<CellWrite>)> = rows.into_iter().collect();
-        let results = futures::future::join_all(
-            secondaries
-                .iter()
-                .map(|(row, cells)| actions::prewrite(store, row, cells, start_ts, &info)),
+        let (checked, blind): (Vec<_>, Vec<_>) =
+            rows.into_iter().partition(|(row, _)| checked_rows.contains(row));
+        let (results, blind_result) = futures::future::join(
+            futures::future::join_all(
+                checked
+                    .iter()
+                    .map(|(row, cells)| actions::prewrite(store, row, cells, start_ts, &info)),
+            ),
+            actions::prewrite_unchecked(store, &blind, start_ts, &info),
         )
         .await;
-        if let Some(pos) = results.iter().position(Result::is_err) {
+        if let Some(pos) =
+            results.iter().position(Result::is_err).or(blind_result.is_err().then_some(usize::MAX))
+        {
             // Abort: our own locks go, the primary's first (with its rollback record).
             let columns: Vec<Bytes> = primary_cells.iter().map(|c| c.column.clone()).collect();
             actions::rollback_primary(store, &primary_row, &primary_column, &columns, start_ts)
                 .await?;
-            let ours: Vec<(Bytes, Vec<Bytes>)> = secondaries
+            // The unchecked batch may have been written in part: roll all of it back.
+            let ours: Vec<(Bytes, Vec<Bytes>)> = checked
                 .iter()
                 .zip(&results)
                 .filter(|(_, r)| r.is_ok())
-                .map(|((row, cells), _)| {
-                    (row.clone(), cells.iter().map(|c| c.column.clone()).collect())
-                })
+                .map(|(row, _)| row)
+                .chain(&blind)
+                .map(|(row, cells)| (row.clone(), cells.iter().map(|c| c.column.clone()).collect()))
                 .collect();
             actions::rollback_secondaries(store, &ours, start_ts).await?;
-            let err = results.into_iter().nth(pos).expect("position").unwrap_err();
+            let err = match results.into_iter().nth(pos) {
+                Some(r) => r.unwrap_err(),
+                None => blind_result.unwrap_err(),
+            };
             clean_conflicting_lock(&client, &err).await?;
             return Err(err);
         }
+        let secondaries: Vec<(Bytes, Vec<CellWrite>)> = checked.into_iter().chain(blind).collect();
         if crash == Some(CommitStep::AfterPrewriteAll) {
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }

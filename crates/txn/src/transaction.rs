@@ -16,6 +16,8 @@ pub struct Transaction {
     pub(crate) client: Client,
     pub(crate) start_ts: Ts,
     pub(crate) writes: BTreeMap<(Bytes, Bytes), Option<Bytes>>,
+    /// Buffered writes whose conflicts another written cell detects (see [`Self::set_unchecked`]).
+    pub(crate) unchecked: BTreeSet<(Bytes, Bytes)>,
     /// Weak notifications to set at commit.
     pub(crate) weak: BTreeSet<(Bytes, Bytes)>,
     /// Snapshot reads already resolved. A snapshot never changes once its locks are
@@ -53,12 +55,45 @@ impl Transaction {
         column: impl Into<Bytes>,
         value: impl Into<Bytes>,
     ) {
-        self.writes.insert((row.into(), column.into()), Some(value.into()));
+        let key = (row.into(), column.into());
+        self.unchecked.remove(&key);
+        self.writes.insert(key, Some(value.into()));
     }
 
     /// Buffers a delete of `(row, column)`.
     pub fn delete(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
-        self.writes.insert((row.into(), column.into()), None);
+        let key = (row.into(), column.into());
+        self.unchecked.remove(&key);
+        self.writes.insert(key, None);
+    }
+
+    /// Buffers a write of `(row, column)` that needs no conflict check of its own, because
+    /// every transaction that writes this cell also writes, checked, a cell they all share
+    /// (the page row whose links an edge row mirrors), or because its row key is unique to
+    /// this transaction. Conflicts are then found at that shared cell, and the cell's
+    /// prewrite (lock and data, as for any write) goes into one batched call with every other
+    /// unchecked row's, instead of one conditional mutation per row. A cell with an
+    /// independent second writer must use [`Self::set`]: a lost update otherwise.
+    pub fn set_unchecked(
+        &mut self,
+        row: impl Into<Bytes>,
+        column: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+    ) {
+        let key = (row.into(), column.into());
+        if !self.writes.contains_key(&key) || self.unchecked.contains(&key) {
+            self.unchecked.insert(key.clone());
+        }
+        self.writes.insert(key, Some(value.into()));
+    }
+
+    /// [`Self::delete`], unchecked as [`Self::set_unchecked`] says.
+    pub fn delete_unchecked(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
+        let key = (row.into(), column.into());
+        if !self.writes.contains_key(&key) || self.unchecked.contains(&key) {
+            self.unchecked.insert(key.clone());
+        }
+        self.writes.insert(key, None);
     }
 
     /// The value of `(row, column)` in this transaction's snapshot (its own buffered writes

@@ -29,7 +29,15 @@ enum Death {
     LockTtlPassed,
 }
 
-async fn crash_then_read(store: Arc<dyn Store>, step: CommitStep, death: Death, concurrent: bool) {
+/// `unchecked`: every row but the first is written with `set_unchecked`, so that its
+/// prewrite is the batched one.
+async fn crash_then_read(
+    store: Arc<dyn Store>,
+    step: CommitStep,
+    death: Death,
+    concurrent: bool,
+    unchecked: bool,
+) {
     let manual = Arc::new(ManualClock::new(1_000_000));
     let clock: Arc<dyn Clock> = manual.clone();
     let oracle = common::oracle(&store).await;
@@ -44,7 +52,11 @@ async fn crash_then_read(store: Arc<dyn Store>, step: CommitStep, death: Death, 
     let owner = common::client(&store, &oracle, &clock, config.clone()).await;
     let mut t = owner.begin().await.unwrap();
     for i in 0..ROWS {
-        t.set(row(i), "c", "new");
+        if unchecked && i > 0 {
+            t.set_unchecked(row(i), "c", "new");
+        } else {
+            t.set(row(i), "c", "new");
+        }
     }
     let crashed = t.commit_crashing_at(step).await.unwrap();
     let expect = match (step, crashed) {
@@ -102,7 +114,10 @@ fn readers_resolve_each_crash_point_mem() {
     for step in STEPS {
         for death in [Death::Deregistered, Death::LockTtlPassed] {
             for concurrent in [false, true] {
-                rt().block_on(crash_then_read(common::mem_store(), step, death, concurrent));
+                for unchecked in [false, true] {
+                    let store = common::mem_store();
+                    rt().block_on(crash_then_read(store, step, death, concurrent, unchecked));
+                }
             }
         }
     }
@@ -112,8 +127,11 @@ fn readers_resolve_each_crash_point_mem() {
 fn readers_resolve_each_crash_point_sled() {
     for step in STEPS {
         for death in [Death::Deregistered, Death::LockTtlPassed] {
-            let dir = tempfile::tempdir().unwrap();
-            rt().block_on(crash_then_read(common::sled_store(dir.path()), step, death, true));
+            for unchecked in [false, true] {
+                let dir = tempfile::tempdir().unwrap();
+                let store = common::sled_store(dir.path());
+                rt().block_on(crash_then_read(store, step, death, true, unchecked));
+            }
         }
     }
 }
