@@ -7,15 +7,17 @@
 //! - Trigger: `indeg:dirty` of `p:<url>` (weak: set by invert on every change of the page's
 //!   inlinks, by parse when the page starts or stops redirecting, by alias when its
 //!   registration moves, and by the runs below; a popular page is a hot row).
-//! - **A page** (no redirect) reads its change rows `d:<url>\0<source>` (invert's ±1 per
-//!   edge, or a 0 left by an alias as a mark to look at that source again), and for each
+//! - **A page** (no redirect) reads its change rows `d:<url>\0<source>\0<ts>` (invert's ±1
+//!   per edge, or a 0 left by an alias as a mark to look at that source again; one row per
+//!   writing transaction, so each is written and deleted unchecked, and a run that folds any
+//!   writes `indeg:chain`, on which two runs folding the same rows conflict), and for each
 //!   source its `x:` row and whether the edge `e:<url>\0<source>` exists. It keeps
 //!   `indeg:base` (edges into the URL itself) and `indeg:extra` (sources that reach it only
 //!   through aliases: `indeg:adds` set on their `x:` row); in-degree = base + extra. Its alias
 //!   set is the `a:<url>\0<alias>` rows.
 //! - **An alias** (redirecting) counts its own inlinks at the end of its redirect chain: it
 //!   adds its changes into `x:<end>\0<source>`'s `indeg:via` (how many of end's aliases that
-//!   source links to) and marks the source in `d:<end>\0<source>`; it keeps `a:<end>\0<url>`
+//!   source links to) and marks the source with a change row of 0 for `end`; it keeps `a:<end>\0<url>`
 //!   and remembers the end in `indeg:alias_of` ("" for a cycle). When its end changes, it
 //!   moves what it counted (O(its own inlinks), once per change of a redirect).
 //! - Whenever a redirect on a URL's chain was rewritten since its last run (its own, or a
@@ -59,6 +61,7 @@ impl Observer for InDegree {
         // Where this URL's inlinks were counted last time: absent for a page.
         let counted_at = txn.get(row, col::ALIAS_OF).await?;
         let changes = take_changes(txn, url).await?;
+        let folded = !changes.is_empty();
         let chain = chain_from(txn, url).await?;
         if chain.hops == 0 {
             as_page(txn, row, url, counted_at, changes).await?;
@@ -68,8 +71,14 @@ impl Observer for InDegree {
         // The URLs redirecting straight here read every redirect this one's chain reads: if
         // any of them was rewritten since the last run (even if back to what it was, or
         // leaving the end as it was), their ends may have changed too.
-        if model::set_if_changed(txn, row, col::CHAIN, Bytes::from(chain.stamp)).await? {
+        let stamp = Bytes::from(chain.stamp);
+        if model::set_if_changed(txn, row, col::CHAIN, stamp.clone()).await? {
             notify_direct_aliases(txn, url).await?;
+        }
+        if folded {
+            // Written even when unchanged: two runs that fold the same change rows (deleted
+            // unchecked) must conflict, or both would count them.
+            txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
         }
         Ok(())
     }
@@ -83,10 +92,12 @@ async fn take_changes(
     let (start, end) = model::children("d:", url);
     let mut changes = BTreeMap::new();
     for (r, v) in txn.scan(&start, &end, col::DELTA).await? {
-        if let Some(source) = model::child_key(&r) {
-            changes.insert(source.to_string(), model::count_of(Some(v))?);
+        if let Some(source) = model::delta_source(&r) {
+            *changes.entry(source.to_string()).or_default() += model::count_of(Some(v))?;
         }
-        txn.delete(r, Bytes::from_static(col::DELTA));
+        // Unchecked: every run that folds change rows writes `indeg:chain` (see `observe`),
+        // so two runs folding the same rows conflict there.
+        txn.delete_unchecked(r, Bytes::from_static(col::DELTA));
     }
     Ok(changes)
 }
@@ -217,15 +228,15 @@ async fn add_via(
     if via.is_empty() {
         return Ok(());
     }
-    let mut keys = Vec::with_capacity(via.len() * 2);
-    for ((end, source), _) in &via {
-        keys.push((model::via(end, source), Bytes::from_static(col::VIA)));
-        keys.push((model::delta(end, source), Bytes::from_static(col::DELTA)));
-    }
+    let keys: Vec<(Bytes, Bytes)> = via
+        .iter()
+        .map(|((end, source), _)| (model::via(end, source), Bytes::from_static(col::VIA)))
+        .collect();
     let now = txn.get_many(&keys).await?;
+    let ts = txn.start_ts().0;
     let mut ends = BTreeSet::new();
-    for (((end, source), d), cells) in via.iter().zip(now.chunks(2)) {
-        let count = model::count_of(cells[0].clone())? + d;
+    for (((end, source), d), cell) in via.iter().zip(now) {
+        let count = model::count_of(cell)? + d;
         let at = model::via(end, source);
         match count {
             n if n < 0 => {
@@ -237,10 +248,10 @@ async fn add_via(
             0 => txn.delete(at, Bytes::from_static(col::VIA)),
             n => txn.set(at, Bytes::from_static(col::VIA), n.to_string()),
         }
-        // Written even when present (unchanged): a run of the end that read this row before
-        // our change, and deletes it, must conflict with us.
-        let mark = cells[1].clone().unwrap_or_else(|| Bytes::from_static(b"0"));
-        txn.set(model::delta(end, source), Bytes::from_static(col::DELTA), mark);
+        // A change row of our own (unique, so unchecked) marking the source: the end's next
+        // run folds it, and so looks at this source again; a run of the end that began
+        // before we commit does not see it, and leaves it.
+        txn.set_unchecked(model::delta(end, source, ts), Bytes::from_static(col::DELTA), "0");
         ends.insert(end);
     }
     for end in ends {

@@ -5,9 +5,12 @@
 //!   in one transaction, the links the last run inverted (no copy of them is kept).
 //! - Writes: for each target added, or whose anchor changed, `e:<target>\0<source>` =
 //!   anchor; for each target no longer linked, deletes that row; for each edge added or
-//!   removed (to another page), +1 or -1 into `d:<target>\0<source>` (`indeg:delta`, which
-//!   only this source's runs, the target's indegree and its aliases' indegree runs touch, so a page
-//!   every page links to is no hot cell; a 0 is kept, for indegree to delete).
+//!   removed (to another page), a change row `d:<target>\0<source>\0<start_ts>` = +1 or -1
+//!   (`indeg:delta`, for the target's indegree run to fold and delete).
+//! - Unchecked writes: all of them (`set_unchecked`), prewritten in one batched call. The
+//!   `e:` rows of a source are written only by the parse runs of that source, each of which
+//!   writes the source's `page:links` too (the diff is not empty), so two of them conflict
+//!   there; the change rows are new rows, unique to this transaction.
 //! - Notifies: each affected target's `indeg:dirty` (weakly: a page every page links to is a
 //!   hot row, and weak notifications never conflict).
 //! - Twice is harmless: the second time the links replaced equal the links written, and the
@@ -40,7 +43,11 @@ pub async fn run(
     let mut deltas: Vec<(&String, i64)> = Vec::new();
     for (&target, &anchor) in &now {
         if before.get(target) != Some(&anchor) {
-            txn.set(model::edge(target, source), Bytes::from_static(col::EDGE), anchor.clone());
+            txn.set_unchecked(
+                model::edge(target, source),
+                Bytes::from_static(col::EDGE),
+                anchor.clone(),
+            );
             txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
             if !before.contains_key(target) {
                 deltas.push((target, 1));
@@ -49,21 +56,19 @@ pub async fn run(
     }
     for &target in before.keys() {
         if !now.contains_key(target) {
-            txn.delete(model::edge(target, source), Bytes::from_static(col::EDGE));
+            txn.delete_unchecked(model::edge(target, source), Bytes::from_static(col::EDGE));
             txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
             deltas.push((target, -1));
         }
     }
     deltas.retain(|(target, _)| target.as_str() != source);
-    let keys: Vec<(Bytes, Bytes)> = deltas
-        .iter()
-        .map(|(t, _)| (model::delta(t, source), Bytes::from_static(col::DELTA)))
-        .collect();
-    let pending = txn.get_many(&keys).await?;
-    for ((key, _), ((_, d), old)) in keys.into_iter().zip(deltas.iter().zip(pending)) {
-        // Kept at 0 too: indegree deletes the row, and an alias may have marked it.
-        let n = model::count_of(old)? + d;
-        txn.set(key, Bytes::from_static(col::DELTA), n.to_string());
+    let ts = txn.start_ts().0;
+    for (target, d) in deltas {
+        txn.set_unchecked(
+            model::delta(target, source, ts),
+            Bytes::from_static(col::DELTA),
+            d.to_string(),
+        );
     }
     Ok(())
 }

@@ -25,9 +25,11 @@
 //!                          indeg:chain  commit timestamps of the        indegree
 //!                                       redirects its chain read
 //!   e:<target>\0<source>   edge:anchor                                  invert
-//!   d:<target>\0<source>   indeg:delta  +n/-n edges not yet counted,    invert, indegree
-//!                                       or 0: look at this source       (which folds and
-//!                                       again                           deletes them)
+//!   d:<target>\0<source>\0<ts>                                          invert, indegree
+//!                          indeg:delta  +1/-1: an edge not yet counted,  (which folds and
+//!                                       or 0: look at this source       deletes them);
+//!                                       again; one row per writing      <ts>: the writer's
+//!                                       transaction                     start_ts
 //!   x:<page>\0<source>     indeg:via    how many of the page's aliases  indegree (the
 //!                                       the source links to             aliases' runs)
 //!                          indeg:adds   set: the source counts through  indegree (the
@@ -99,9 +101,18 @@ pub fn edge(target: &str, source: &str) -> Bytes {
     Bytes::from(format!("e:{target}\0{source}"))
 }
 
-/// The row holding a not yet counted change of the edges from `source` into `target`.
-pub fn delta(target: &str, source: &str) -> Bytes {
-    Bytes::from(format!("d:{target}\0{source}"))
+/// A row holding a not yet counted change of the edges from `source` into `target`, written
+/// by the transaction that started at `start_ts`: unique to it, so that writing it needs no
+/// conflict check (`set_unchecked`), and deleted by the target's indegree run that folds it.
+pub fn delta(target: &str, source: &str, start_ts: u64) -> Bytes {
+    Bytes::from(format!("d:{target}\0{source}\0{start_ts:016x}"))
+}
+
+/// The source of a change row ([`delta`]); a row of the older format (`d:<target>\0<source>`,
+/// one per edge) names it as well.
+pub fn delta_source(row: &[u8]) -> Option<&str> {
+    let key = child_key(row)?;
+    Some(key.split_once('\0').map_or(key, |(source, _)| source))
 }
 
 /// The row counting, for the page `end`, its aliases that `source` links to.
