@@ -206,7 +206,7 @@ impl Transaction {
     }
 }
 
-/// Sets the notify cells of `cells` at `ts` (one batched call).
+/// Sets the notify cells of `cells` at `ts`, removing older ones (one batched call).
 async fn set_notifications(
     store: &dyn Store,
     cells: BTreeSet<(Bytes, Bytes)>,
@@ -219,11 +219,21 @@ async fn set_notifications(
         .into_iter()
         .map(|(row, column)| perc_store::RowMutation {
             row,
-            mutations: vec![perc_store::Mutation::Put {
-                column: actions::notify_col(&column),
-                ts,
-                value: Bytes::new(),
-            }],
+            mutations: vec![
+                // One cell per pending notification, not one per write: a page many pages
+                // link to would otherwise hold a notify cell per inlink until its run, and
+                // every scanner round would read them all. Only the newest cell matters (a
+                // run clears the cells at or below the one it saw).
+                perc_store::Mutation::Delete {
+                    column: actions::notify_col(&column),
+                    range: TsRange::up_to(Ts(ts.0.saturating_sub(1))),
+                },
+                perc_store::Mutation::Put {
+                    column: actions::notify_col(&column),
+                    ts,
+                    value: Bytes::new(),
+                },
+            ],
         })
         .collect();
     store.mutate_rows(&batch).await?;
