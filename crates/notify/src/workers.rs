@@ -122,8 +122,13 @@ impl Workers {
                 {
                     return Ok(());
                 }
+                // Nothing runs and something is pending: make sure a scanner looks now.
+                // (Not on every progress: a woken scanner reads the notifications again, and
+                // with thousands held back for gathering that read is the cost.)
+                if pending {
+                    self.kick();
+                }
             }
-            self.kick();
             let idle = engine.config().idle_ms;
             tokio::select! {
                 _ = progress => {}
@@ -244,23 +249,18 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 // Wrapped around. After a whole round with nothing found, idle until woken.
                 pos = Bytes::new();
                 let now = engine.client().clock().now_ms();
-                let pause = if !found_since_wrap {
-                    Some(config.idle_ms)
-                } else if !dispatched_since_wrap {
-                    // Everything found is being gathered: look again when the first is due,
-                    // or when a run finishes (the workers may have turned idle).
-                    Some(due.map_or(config.idle_ms, |d| d.saturating_sub(now).max(1)))
-                } else {
-                    None
+                let until_due = due.map(|d| d.saturating_sub(now).max(1));
+                let pause = match (found_since_wrap, dispatched_since_wrap, until_due) {
+                    (false, _, _) => Some(config.idle_ms),
+                    // Everything found is being gathered: look again when the first is due.
+                    (true, false, until_due) => Some(until_due.unwrap_or(config.idle_ms)),
+                    // Some ran, some is being gathered: reading it all again at once would
+                    // cost a read of the whole backlog per round; wait a little first.
+                    (true, true, Some(until_due)) => Some(until_due.min(config.idle_ms)),
+                    (true, true, None) => None,
                 };
                 if let Some(ms) = pause {
-                    let woken = shared.wake.notified();
-                    tokio::select! {
-                        _ = shared.stop.cancelled() => {}
-                        _ = woken => {}
-                        _ = engine.progress.notified() => {}
-                        _ = engine.client().clock().sleep_ms(ms) => {}
-                    }
+                    pause_round(&shared, ms, busy_runs).await;
                 }
                 // Forget notifications no longer seen (another worker ran them).
                 let horizon = 10 * config.gather_ms.max(1);
@@ -274,6 +274,34 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 due = None;
                 strong_last = std::mem::take(&mut strong_now);
             }
+        }
+    }
+}
+
+/// Waits `ms` between two rounds of a scanner, or less: until stopped, kicked, or a run
+/// finishes while fewer than `busy_runs` are in flight (the workers may have turned idle, and
+/// gathered notifications then run at once). A run finishing while the workers are busy does
+/// not end the pause: under load that happens hundreds of times a second.
+async fn pause_round(shared: &Shared, ms: u64, busy_runs: usize) {
+    let engine = &shared.engine;
+    let clock = engine.client().clock();
+    let until = clock.now_ms() + ms;
+    loop {
+        let now = clock.now_ms();
+        if now >= until {
+            return;
+        }
+        let woken = shared.wake.notified();
+        let progress = engine.progress.notified();
+        tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            _ = woken => return,
+            _ = progress => {
+                if engine.in_flight.load(Ordering::SeqCst) < busy_runs {
+                    return;
+                }
+            }
+            _ = clock.sleep_ms(until - now) => return,
         }
     }
 }
