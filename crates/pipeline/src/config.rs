@@ -52,6 +52,8 @@ pub struct Store {
     pub backend: Backend,
     pub data: String,
     pub cache_bytes: u64,
+    /// Merged batches of unconditional writes in flight at once (`perc_store::Coalesced`).
+    pub write_lanes: usize,
 }
 
 /// Where the Bigtable table is (for `store.backend = "bigtable"`).
@@ -205,6 +207,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// zero somewhere, or make no sense. Checked once, when the configuration loads.
 const RANGES: &[(&str, i64, i64)] = &[
     ("store.cache_bytes", 1 << 20, i64::MAX),
+    ("store.write_lanes", 1, 1024),
     ("bigtable.channels", 1, 256),
     ("bigtable.timeout_ms", 1, i64::MAX),
     ("oracle.reconnect_for_ms", 0, i64::MAX),

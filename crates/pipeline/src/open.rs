@@ -121,7 +121,8 @@ impl Builder {
         };
         // Concurrent runs' small unconditional writes (notify cells, notification clears,
         // secondary commits) share calls: one RPC for many on Bigtable.
-        let store: Arc<dyn Store> = Arc::new(Coalesced::new(store));
+        let store: Arc<dyn Store> =
+            Arc::new(Coalesced::with_lanes(store, config.store.write_lanes));
         let oracle = match self.oracle {
             Some(o) => o,
             None => open_oracle(&config, &store).await?,

@@ -23,8 +23,8 @@ use crate::{
 pub struct Coalesced<S> {
     inner: S,
     queue: Mutex<Queue>,
-    /// One merged call at a time; FIFO, so every caller gets its turn.
-    turn: tokio::sync::Mutex<()>,
+    /// Merged calls in flight at most; FIFO, so every caller gets its turn.
+    lanes: tokio::sync::Semaphore,
 }
 
 /// Rows waiting for the next call, and the channel their callers wait on.
@@ -32,39 +32,63 @@ pub struct Coalesced<S> {
 struct Queue {
     rows: Vec<RowMutation>,
     next: Option<watch::Sender<Option<Result<()>>>>,
+    /// How many batches were taken: a caller whose batch number is still current finds its
+    /// rows queued.
+    taken: u64,
 }
 
 impl<S: Store> Coalesced<S> {
+    /// One merged call in flight at a time.
     pub fn new(inner: S) -> Self {
-        Coalesced { inner, queue: Mutex::new(Queue::default()), turn: tokio::sync::Mutex::new(()) }
+        Self::with_lanes(inner, 1)
+    }
+
+    /// Up to `lanes` merged calls in flight (at least one): a backend whose calls run in
+    /// parallel (Bigtable's RPCs, sled's writes from several threads) keeps them busy, and
+    /// the calls queued meanwhile still go out together.
+    pub fn with_lanes(inner: S, lanes: usize) -> Self {
+        Coalesced {
+            inner,
+            queue: Mutex::new(Queue::default()),
+            lanes: tokio::sync::Semaphore::new(lanes.max(1)),
+        }
     }
 
     async fn merged(&self, rows: &[RowMutation]) -> Result<()> {
-        let mut outcome = {
+        let (mut outcome, batch_no) = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.rows.extend_from_slice(rows);
-            q.next.get_or_insert_with(|| watch::channel(None).0).subscribe()
+            (q.next.get_or_insert_with(|| watch::channel(None).0).subscribe(), q.taken)
         };
-        let _turn = self.turn.lock().await;
-        // An earlier turn may have sent these rows with its own.
-        if let Some(done) = outcome.borrow_and_update().clone() {
+        let lane = self.lanes.acquire().await.expect("the semaphore is never closed");
+        // Still queued (no call took them while we waited for a lane): these rows and all
+        // queued with them go now.
+        let mine = {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            (q.taken == batch_no).then(|| {
+                q.taken += 1;
+                (std::mem::take(&mut q.rows), q.next.take().expect("this caller's channel"))
+            })
+        };
+        if let Some((batch, tx)) = mine {
+            let done = self.inner.mutate_rows(&batch).await;
+            let _ = tx.send(Some(done.clone()));
             return done;
         }
-        if outcome.has_changed().is_err() {
-            // The turn that took these rows was dropped before it could send them.
-            return Err(StoreError::Io {
-                backend: "coalesce",
-                detail: "a merged write was abandoned before it was sent".into(),
-            });
+        // Another caller's call carries them: wait for its outcome, holding no lane.
+        drop(lane);
+        loop {
+            if let Some(done) = outcome.borrow_and_update().clone() {
+                return done;
+            }
+            if outcome.changed().await.is_err() {
+                // The call that took these rows was dropped before it could send them.
+                return Err(StoreError::Io {
+                    backend: "coalesce",
+                    detail: "a merged write was abandoned before it was sent".into(),
+                });
+            }
         }
-        // Still queued: these rows and all queued with them go now.
-        let (batch, tx) = {
-            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            (std::mem::take(&mut q.rows), q.next.take().expect("this caller's channel"))
-        };
-        let done = self.inner.mutate_rows(&batch).await;
-        let _ = tx.send(Some(done.clone()));
-        done
     }
 }
 

@@ -46,14 +46,22 @@ mod coalesced_sled {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = SledStore::open(dir.path(), conformance::schema(), &SledOptions::default())
             .expect("open sled");
-        let store: Arc<dyn Store> = Arc::new(Coalesced::new(store));
+        // Several merged calls in flight, as the pipeline runs it.
+        let store: Arc<dyn Store> = Arc::new(Coalesced::with_lanes(store, 3));
         (store, Box::new(dir) as Box<dyn std::any::Any + Send>)
     });
 }
 
-/// Concurrent callers share calls, and every row of every caller is written.
+/// Concurrent callers share calls, and every row of every caller is written: with one merged
+/// call in flight at a time, and with several.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writes_share_calls_and_all_land() {
+    for lanes in [1, 4] {
+        concurrent_writes(lanes).await;
+    }
+}
+
+async fn concurrent_writes(lanes: usize) {
     use std::sync::Arc;
 
     use perc_store::{
@@ -62,7 +70,7 @@ async fn concurrent_writes_share_calls_and_all_land() {
     };
 
     let counted = Arc::new(Counted::new(MemStore::new(conformance::schema())));
-    let store = Arc::new(Coalesced::new(counted.clone()));
+    let store = Arc::new(Coalesced::with_lanes(Slow(counted.clone()), lanes));
     let family = conformance::schema().families()[0].name;
     let col = Column::new(family, "c");
     let tasks: Vec<_> = (0..64u64)
@@ -85,7 +93,11 @@ async fn concurrent_writes_share_calls_and_all_land() {
         t.await.unwrap().unwrap();
     }
     let calls = counted.counts().mutate_rows;
-    assert!(calls < 64 * 20, "{calls} calls for {} writes: nothing was merged", 64 * 20);
+    assert!(
+        calls < 64 * 20,
+        "{lanes} lanes: {calls} calls for {} writes: nothing was merged",
+        64 * 20
+    );
     assert_eq!(counted.counts().batched_rows, 64 * 20);
     for i in 0..64u64 {
         for j in 0..20u64 {
@@ -96,5 +108,47 @@ async fn concurrent_writes_share_calls_and_all_land() {
                 .unwrap();
             assert_eq!(got[0][0].value, row.as_bytes(), "{row}");
         }
+    }
+}
+
+/// A store whose batched writes take a while, as a real one's do: callers arrive while every
+/// lane is busy.
+struct Slow<S>(S);
+
+#[async_trait::async_trait]
+impl<S: perc_store::Store> perc_store::Store for Slow<S> {
+    fn schema(&self) -> &perc_store::Schema {
+        self.0.schema()
+    }
+    async fn read_row(
+        &self,
+        row: &[u8],
+        reads: &[perc_store::ColumnRead],
+    ) -> perc_store::Result<Vec<Vec<perc_store::Cell>>> {
+        self.0.read_row(row, reads).await
+    }
+    async fn read_rows(
+        &self,
+        rows: &[perc_store::RowRead],
+    ) -> perc_store::Result<Vec<Vec<Vec<perc_store::Cell>>>> {
+        self.0.read_rows(rows).await
+    }
+    async fn check_and_mutate(
+        &self,
+        row: &[u8],
+        conditions: &[perc_store::Condition],
+        mutations: &[perc_store::Mutation],
+    ) -> perc_store::Result<bool> {
+        self.0.check_and_mutate(row, conditions, mutations).await
+    }
+    async fn mutate_rows(&self, rows: &[perc_store::RowMutation]) -> perc_store::Result<()> {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        self.0.mutate_rows(rows).await
+    }
+    async fn scan(&self, scan: &perc_store::Scan) -> perc_store::Result<Vec<perc_store::ScanCell>> {
+        self.0.scan(scan).await
+    }
+    async fn sync(&self) -> perc_store::Result<()> {
+        self.0.sync().await
     }
 }
