@@ -270,6 +270,12 @@ impl Engine {
     pub fn is_weak(&self, column: &[u8]) -> bool {
         self.registry.get(column).is_some_and(|r| r.kind == NotifyKind::Weak)
     }
+
+    /// The stage of the observer of `column` (its registration order); none for a column no
+    /// observer watches.
+    pub fn stage(&self, column: &[u8]) -> Option<usize> {
+        self.registry.get(column).map(|r| r.stage)
+    }
     fn store(&self) -> &Arc<dyn Store> {
         self.client.store()
     }

@@ -53,6 +53,10 @@ pub struct Registration {
     pub column: Bytes,
     pub kind: NotifyKind,
     pub observer: Arc<dyn Observer>,
+    /// The order of registration: observers registered earlier are upstream of later ones
+    /// (under load, a weak notification waits longer while earlier stages have work; see
+    /// the workers' gathering).
+    pub stage: usize,
 }
 
 impl Registration {
@@ -112,7 +116,8 @@ impl Registry {
         if self.by_column.values().any(|r| r.name == name) {
             return Err(RegistryError::NameTaken(name));
         }
-        self.by_column.insert(column.clone(), Registration { name, column, kind, observer });
+        let stage = self.by_column.len();
+        self.by_column.insert(column.clone(), Registration { name, column, kind, observer, stage });
         Ok(())
     }
 

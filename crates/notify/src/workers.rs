@@ -171,9 +171,10 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     // The last batch: how many runs it dispatched, and the refusal count before it.
     let mut last_dispatched = 0u64;
     let mut refused_before = engine.lease_refused.load(Ordering::Relaxed);
-    // Whether this round, or the last, found strong notifications: work upstream of the weak
-    // ones, which then wait longer (up to four windows) so they run after it.
-    let (mut strong_now, mut strong_last) = (false, false);
+    // The earliest stage this round, and the last, found notifications of: work upstream of
+    // the weak notifications of later stages, which then wait longer (up to four windows) so
+    // that they run after it (an export after the in-degree and the canonical it shows).
+    let (mut upstream_now, mut upstream_last) = (usize::MAX, usize::MAX);
     while !shared.stop.is_cancelled() && engine.fatal().is_none() {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
@@ -214,14 +215,16 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
         last_dispatched = 0;
         for p in batch {
             let weak = engine.is_weak(&p.column);
-            strong_now |= !weak;
+            let stage = engine.stage(&p.column).unwrap_or(usize::MAX);
+            let upstream = upstream_now.min(upstream_last);
+            upstream_now = upstream_now.min(stage);
             if config.gather_ms > 0 && weak {
                 let now = engine.client().clock().now_ms();
                 let mut seen = shared.first_seen.lock().unwrap_or_else(|e| e.into_inner());
                 let key = (p.row.clone(), p.column.clone());
                 let first = *seen.entry(key.clone()).or_insert(now);
                 let busy = engine.in_flight.load(Ordering::SeqCst) >= busy_runs;
-                let window = if strong_now || strong_last { 4 } else { 1 } * config.gather_ms;
+                let window = if upstream < stage { 4 } else { 1 } * config.gather_ms;
                 if busy && now < first + window {
                     let at = first + window;
                     due = Some(due.map_or(at, |d| d.min(at)));
@@ -272,7 +275,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 found_since_wrap = false;
                 dispatched_since_wrap = false;
                 due = None;
-                strong_last = std::mem::take(&mut strong_now);
+                upstream_last = std::mem::replace(&mut upstream_now, usize::MAX);
             }
         }
     }
