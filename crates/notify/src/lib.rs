@@ -71,8 +71,8 @@ pub struct NotifyConfig {
     /// How long an idle scanner waits before looking again (or until woken).
     pub idle_ms: u64,
     /// While the workers are busy (half the runs in flight or more), a weak notification
-    /// waits up to this long after a scanner first sees it (four times as long while strong
-    /// notifications, upstream work, are pending too), so that the changes that keep
+    /// waits up to this long after a scanner first sees it (sixteen times as long while an
+    /// earlier stage, upstream work, has notifications too), so that the changes that keep
     /// arriving for it collapse into one run; 0 runs every notification at once. An idle
     /// worker never waits: a lone update is not delayed.
     pub gather_ms: u64,
