@@ -1,6 +1,7 @@
 //! The commit (the paper's Figure 6): prewrite every cell (one conditional mutation per row,
-//! the primary's row first; rows of unchecked cells all in one batched call), set the notify cells at commit_ts, commit the primary durably
-//! (the commit point), then the secondaries in one batch. Crash points for fault tests stop
+//! the primary's row first; rows of unchecked cells all in one batched call), set the notify
+//! cells at commit_ts, commit the primary durably (the commit point), then the secondaries in
+//! one batch. Crash points for fault tests stop
 //! it part-way, as a dead process would (the `failpoints` feature).
 
 use std::collections::{BTreeMap, BTreeSet};
