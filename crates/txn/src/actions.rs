@@ -114,15 +114,21 @@ pub async fn prewrite_unchecked(
     start_ts: Ts,
     info: &LockInfo,
 ) -> Result<(), TxnError> {
+    mutate_each(store, rows, |row, cells| prewrite_mutations(row, cells, start_ts, info)).await
+}
+
+/// One batched unconditional call with `mutations(row, of)` for each row (none if empty).
+async fn mutate_each<T>(
+    store: &dyn Store,
+    rows: &[(Bytes, T)],
+    mutations: impl Fn(&Bytes, &T) -> Vec<Mutation>,
+) -> Result<(), TxnError> {
     if rows.is_empty() {
         return Ok(());
     }
     let batch: Vec<RowMutation> = rows
         .iter()
-        .map(|(row, cells)| RowMutation {
-            row: row.clone(),
-            mutations: prewrite_mutations(row, cells, start_ts, info),
-        })
+        .map(|(row, of)| RowMutation { row: row.clone(), mutations: mutations(row, of) })
         .collect();
     store.mutate_rows(&batch).await?;
     Ok(())
@@ -282,18 +288,7 @@ pub async fn commit_secondaries(
     start_ts: Ts,
     commit_ts: Ts,
 ) -> Result<(), TxnError> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let batch: Vec<RowMutation> = rows
-        .iter()
-        .map(|(row, cells)| RowMutation {
-            row: row.clone(),
-            mutations: commit_mutations(cells, start_ts, commit_ts),
-        })
-        .collect();
-    store.mutate_rows(&batch).await?;
-    Ok(())
+    mutate_each(store, rows, |_, cells| commit_mutations(cells, start_ts, commit_ts)).await
 }
 
 /// The state of the transaction that started at `start_ts`, read at its primary.
@@ -404,18 +399,7 @@ pub async fn rollback_secondaries(
     rows: &[(Bytes, Vec<Bytes>)],
     start_ts: Ts,
 ) -> Result<(), TxnError> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let batch: Vec<RowMutation> = rows
-        .iter()
-        .map(|(row, columns)| RowMutation {
-            row: row.clone(),
-            mutations: rollback_mutations(columns, start_ts),
-        })
-        .collect();
-    store.mutate_rows(&batch).await?;
-    Ok(())
+    mutate_each(store, rows, |_, columns| rollback_mutations(columns, start_ts)).await
 }
 
 /// What a reader did about a lock it met.

@@ -55,16 +55,12 @@ impl Transaction {
         column: impl Into<Bytes>,
         value: impl Into<Bytes>,
     ) {
-        let key = (row.into(), column.into());
-        self.unchecked.remove(&key);
-        self.writes.insert(key, Some(value.into()));
+        self.buffer((row.into(), column.into()), Some(value.into()), false);
     }
 
     /// Buffers a delete of `(row, column)`.
     pub fn delete(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
-        let key = (row.into(), column.into());
-        self.unchecked.remove(&key);
-        self.writes.insert(key, None);
+        self.buffer((row.into(), column.into()), None, false);
     }
 
     /// Buffers a write of `(row, column)` that needs no conflict check of its own, because
@@ -80,20 +76,22 @@ impl Transaction {
         column: impl Into<Bytes>,
         value: impl Into<Bytes>,
     ) {
-        let key = (row.into(), column.into());
-        if !self.writes.contains_key(&key) || self.unchecked.contains(&key) {
-            self.unchecked.insert(key.clone());
-        }
-        self.writes.insert(key, Some(value.into()));
+        self.buffer((row.into(), column.into()), Some(value.into()), true);
     }
 
     /// [`Self::delete`], unchecked as [`Self::set_unchecked`] says.
     pub fn delete_unchecked(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
-        let key = (row.into(), column.into());
-        if !self.writes.contains_key(&key) || self.unchecked.contains(&key) {
+        self.buffer((row.into(), column.into()), None, true);
+    }
+
+    /// Buffers a write; a cell written checked once stays checked.
+    fn buffer(&mut self, key: (Bytes, Bytes), value: Option<Bytes>, unchecked: bool) {
+        if !unchecked {
+            self.unchecked.remove(&key);
+        } else if !self.writes.contains_key(&key) {
             self.unchecked.insert(key.clone());
         }
-        self.writes.insert(key, None);
+        self.writes.insert(key, value);
     }
 
     /// The value of `(row, column)` in this transaction's snapshot (its own buffered writes
