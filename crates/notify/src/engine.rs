@@ -267,14 +267,9 @@ impl Engine {
         &self.registry
     }
     /// Whether `column` is observed through weak notifications.
-    pub fn is_weak(&self, column: &[u8]) -> bool {
-        self.registry.get(column).is_some_and(|r| r.kind == NotifyKind::Weak)
-    }
-
-    /// The stage of the observer of `column` (its registration order); none for a column no
-    /// observer watches.
-    pub fn stage(&self, column: &[u8]) -> Option<usize> {
-        self.registry.get(column).map(|r| r.stage)
+    /// The observer of `column` (its kind and stage), if any.
+    pub fn registration(&self, column: &[u8]) -> Option<&Registration> {
+        self.registry.get(column)
     }
     fn store(&self) -> &Arc<dyn Store> {
         self.client.store()

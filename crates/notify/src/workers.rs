@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
+use crate::observer::NotifyKind;
 use perc_txn::gc;
 use perc_txn::TxnError;
 
@@ -221,8 +222,9 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
         refused_before = engine.lease_refused.load(Ordering::Relaxed);
         last_dispatched = 0;
         for p in batch {
-            let weak = engine.is_weak(&p.column);
-            let stage = engine.stage(&p.column).unwrap_or(usize::MAX);
+            let reg = engine.registration(&p.column);
+            let weak = reg.is_some_and(|r| r.kind == NotifyKind::Weak);
+            let stage = reg.map_or(usize::MAX, |r| r.stage);
             let upstream = upstream_now.min(upstream_last);
             upstream_now = upstream_now.min(stage);
             if config.gather_ms > 0 && weak {
