@@ -27,8 +27,7 @@ use perc_txn::Client;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
-pub use crate::config::MEMORY;
-pub use crate::config::{Backend, Config, ConfigError};
+pub use crate::config::{Backend, Config, ConfigError, MEMORY};
 pub use crate::error::{PipelineError, Result};
 pub use crate::open::{open_store, shared_oracle, Builder, Create, Fetching};
 /// What the verbs hand back, from the layer that defines them.
