@@ -45,6 +45,11 @@ const UPSTREAM_WINDOWS: u64 = 16;
 
 const SAMPLE_ROWS: usize = 256;
 
+/// How many notifications held back for gathering one finished run pays the reread of: a
+/// scanner that held back `n` waits for `n / REREAD_PER_RUN` runs to finish (or for the
+/// workers to fall idle, or the first to come due) before reading them all again.
+const REREAD_PER_RUN: u64 = 32;
+
 struct Shared {
     engine: Arc<Engine>,
     /// Set once, by `shutdown`; every task's waits end on it (a cancellation is never missed,
@@ -174,6 +179,8 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     let mut dispatched_since_wrap = false;
     // The earliest moment a notification held back this round is due.
     let mut due: Option<u64> = None;
+    // How many notifications this round held back.
+    let mut held = 0u64;
     let busy_runs = (config.concurrency / 2).max(1);
     // The last batch: how many runs it dispatched, and the refusal count before it.
     let mut last_dispatched = 0u64;
@@ -237,6 +244,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 if busy && now < first + window {
                     let at = first + window;
                     due = Some(due.map_or(at, |d| d.min(at)));
+                    held += 1;
                     continue;
                 }
                 seen.remove(&key);
@@ -262,17 +270,16 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 pos = Bytes::new();
                 let now = engine.client().clock().now_ms();
                 let until_due = due.map(|d| d.saturating_sub(now).max(1));
-                let pause = match (found_since_wrap, dispatched_since_wrap, until_due) {
-                    (false, _, _) => Some(config.idle_ms),
-                    // Everything found is being gathered: look again when the first is due.
-                    (true, false, until_due) => Some(until_due.unwrap_or(config.idle_ms)),
-                    // Some ran, some is being gathered: reading it all again at once would
-                    // cost a read of the whole backlog per round; wait a little first.
-                    (true, true, Some(until_due)) => Some(until_due.min(config.idle_ms)),
-                    (true, true, None) => None,
+                let pause = match (found_since_wrap, until_due) {
+                    (false, _) => Some(config.idle_ms),
+                    // Some of what was found is being gathered: look again when the first is
+                    // due, or earlier once enough runs finished to pay for reading it again.
+                    (true, Some(until_due)) => Some(until_due),
+                    (true, None) if dispatched_since_wrap => None,
+                    (true, None) => Some(config.idle_ms),
                 };
                 if let Some(ms) = pause {
-                    pause_round(&shared, ms, busy_runs).await;
+                    pause_round(&shared, ms, busy_runs, held / REREAD_PER_RUN).await;
                 }
                 // Forget notifications no longer seen (another worker ran them).
                 let horizon = 10 * config.gather_ms.max(1);
@@ -284,20 +291,29 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 found_since_wrap = false;
                 dispatched_since_wrap = false;
                 due = None;
+                held = 0;
                 upstream_last = std::mem::replace(&mut upstream_now, usize::MAX);
             }
         }
     }
 }
 
-/// Waits `ms` between two rounds of a scanner, or less: until stopped, kicked, or a run
-/// finishes while fewer than `busy_runs` are in flight (the workers may have turned idle, and
-/// gathered notifications then run at once). A run finishing while the workers are busy does
-/// not end the pause: under load that happens hundreds of times a second.
-async fn pause_round(shared: &Shared, ms: u64, busy_runs: usize) {
+/// Waits `ms` between two rounds of a scanner, or less: until stopped, kicked, nothing runs
+/// any more, or a run finishes while fewer than `busy_runs` are in flight after at least
+/// `runs` finished during the pause (the workers may be turning idle, and gathered
+/// notifications then run at once). A run finishing while the workers are busy does not end
+/// the pause: under load that happens hundreds of times a second; nor one of the first
+/// `runs`, which pay for rereading what the last round held back (before, a round every run
+/// read the backlog of weak notifications again: ~750 notify cells a page).
+async fn pause_round(shared: &Shared, ms: u64, busy_runs: usize, runs: u64) {
     let engine = &shared.engine;
     let clock = engine.client().clock();
     let until = clock.now_ms() + ms;
+    let finished = || {
+        let in_flight = engine.in_flight.load(Ordering::SeqCst);
+        (engine.started.load(Ordering::SeqCst).saturating_sub(in_flight as u64), in_flight)
+    };
+    let (finished_before, _) = finished();
     loop {
         let now = clock.now_ms();
         if now >= until {
@@ -309,7 +325,10 @@ async fn pause_round(shared: &Shared, ms: u64, busy_runs: usize) {
             _ = shared.stop.cancelled() => return,
             _ = woken => return,
             _ = progress => {
-                if engine.in_flight.load(Ordering::SeqCst) < busy_runs {
+                let (done, in_flight) = finished();
+                if in_flight == 0
+                    || (in_flight < busy_runs && done.saturating_sub(finished_before) >= runs)
+                {
                     return;
                 }
             }
