@@ -7,6 +7,7 @@
 mod core;
 mod datapath;
 mod distributed;
+mod layout;
 mod notify;
 mod pipeline;
 mod scaling;
@@ -53,6 +54,9 @@ enum Suite {
         #[arg(long = "warc")]
         warcs: Vec<std::path::PathBuf>,
     },
+    /// The sled layout candidates of the data path (docs/data-path.md, step 6): one row
+    /// mutation's cost and sled's bytes on disk, row records against a key per cell.
+    SledLayout,
     /// One WARC of `datapath`, in a process of its own (run by `datapath`).
     #[command(hide = true)]
     DatapathOne { warc: std::path::PathBuf },
@@ -71,12 +75,14 @@ fn main() -> anyhow::Result<()> {
         Suite::ScalingOne { pages } => scaling::one(pages),
         Suite::Datapath { warcs } => datapath::run(args.scale, &warcs),
         Suite::DatapathOne { warc } => datapath::one(&warc),
+        Suite::SledLayout => layout::run(args.scale),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
             pipeline::run(args.scale)?;
             distributed::run(args.scale)?;
             datapath::run(args.scale, &[])?;
+            layout::run(args.scale)?;
             scaling::run(args.scale)
         }
     }

@@ -1,0 +1,156 @@
+//! The sled layout candidates of docs/data-path.md (step 6), on sled itself: what one row
+//! mutation costs, and how many bytes sled keeps on disk for the bytes it holds, when a row
+//! is one sled value (perc's layout: get, change, compare-and-swap) against one sled key per
+//! cell (a row mutation is then several keys, atomic only through a `sled::Batch`).
+//!
+//! The mutation is the shape of a prewrite or a commit on a page row: three cells change
+//! (two written, one removed) in a row of ~1.5 KB. Two threads, random rows out of 20,000,
+//! as perc's two workers do.
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::table::{scaled, Table};
+
+const ROWS: u64 = 20_000;
+const RECORD_BYTES: usize = 1500;
+const CELL_BYTES: usize = 30;
+const THREADS: u64 = 2;
+
+#[derive(Clone, Copy)]
+enum Layout {
+    /// One sled value per row, rewritten whole by compare-and-swap.
+    RowRecord,
+    /// One sled key per cell; the row's keys change in one atomic batch.
+    CellBatch,
+    /// One sled key per cell, written one by one: not atomic across a crash, so not a
+    /// candidate; the floor of what per-cell keys cost.
+    CellSingle,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::RowRecord => "row record, compare-and-swap (perc's layout)",
+            Layout::CellBatch => "key per cell, atomic sled::Batch",
+            Layout::CellSingle => "key per cell, single writes (not crash-atomic)",
+        }
+    }
+}
+
+struct Figures {
+    us_per_mutation: f64,
+    disk_bytes: u64,
+    live_bytes: u64,
+}
+
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn cell_key(row: u64, cell: u8, version: u64) -> Vec<u8> {
+    let mut k = row.to_be_bytes().to_vec();
+    k.push(cell);
+    k.extend_from_slice(&(!version).to_be_bytes());
+    k
+}
+
+fn measure(layout: Layout, mutations: u64) -> Result<Figures> {
+    let dir = tempfile::tempdir()?;
+    let db = sled::Config::new()
+        .path(dir.path())
+        .segment_size(8 << 20)
+        .mode(sled::Mode::HighThroughput)
+        .open()?;
+    let tree = db.open_tree("t")?;
+    let started = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let tree = tree.clone();
+                s.spawn(move || -> Result<()> {
+                    let mut x = 0x9E37_79B9_7F4A_7C15 ^ (t + 1);
+                    for i in 0..mutations / THREADS {
+                        let row = next(&mut x) % ROWS;
+                        match layout {
+                            Layout::RowRecord => loop {
+                                let key = row.to_be_bytes();
+                                let current = tree.get(key)?;
+                                let mut record = current
+                                    .as_deref()
+                                    .map_or_else(|| vec![0; RECORD_BYTES], <[u8]>::to_vec);
+                                record[(i % RECORD_BYTES as u64) as usize] ^= 1;
+                                if tree.compare_and_swap(key, current, Some(record))?.is_ok() {
+                                    break;
+                                }
+                            },
+                            Layout::CellBatch | Layout::CellSingle => {
+                                // The condition: is there a cell in the row's lock column?
+                                let _ = tree.scan_prefix(cell_key(row, 0, u64::MAX)).next();
+                                let (a, b) = (cell_key(row, 1, i), cell_key(row, 2, i));
+                                let gone = cell_key(row, 0, i.wrapping_sub(1));
+                                if let Layout::CellBatch = layout {
+                                    let mut batch = sled::Batch::default();
+                                    batch.insert(a, vec![1; CELL_BYTES]);
+                                    batch.insert(b, vec![1; CELL_BYTES]);
+                                    batch.remove(gone);
+                                    tree.apply_batch(batch)?;
+                                } else {
+                                    tree.insert(a, vec![1; CELL_BYTES])?;
+                                    tree.insert(b, vec![1; CELL_BYTES])?;
+                                    tree.remove(gone)?;
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("a layout worker panicked")?;
+        }
+        Ok(())
+    })?;
+    let elapsed = started.elapsed();
+    db.flush()?;
+    let mut live_bytes = 0;
+    for kv in tree.iter() {
+        let (k, v) = kv?;
+        live_bytes += (k.len() + v.len()) as u64;
+    }
+    Ok(Figures {
+        us_per_mutation: elapsed.as_secs_f64() * 1e6 / mutations as f64,
+        disk_bytes: db.size_on_disk()?,
+        live_bytes,
+    })
+}
+
+pub fn run(scale: f64) -> Result<()> {
+    let n = scaled(200_000, scale);
+    println!(
+        "# perc-bench sled-layout (scale {scale}; {n} row mutations of 3 cells, {THREADS} \
+         threads, {ROWS} rows of ~{RECORD_BYTES} bytes)"
+    );
+    let mut t = Table::new();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    for layout in [Layout::RowRecord, Layout::CellBatch, Layout::CellSingle] {
+        let f = measure(layout, n)?;
+        t.add(
+            layout.name(),
+            format!("{:.1} µs a mutation", f.us_per_mutation),
+            format!(
+                "{:.0} MiB on disk for {:.1} MiB held ({:.1}x)",
+                mib(f.disk_bytes),
+                mib(f.live_bytes),
+                f.disk_bytes as f64 / f.live_bytes.max(1) as f64
+            ),
+        );
+    }
+    t.print("one row mutation on sled, by layout (wall time, 2 threads)");
+    Ok(())
+}
