@@ -774,6 +774,10 @@ async fn oracle(
     // The address line is what scripts (and the tests) wait for.
     out!("oracle listening on {}", listener.local_addr()?);
     std::io::stdout().flush()?;
+    tracing::info!(
+        epoch = oracle.epoch(),
+        "serving timestamps; an oracle opened later on this store supersedes this one"
+    );
     tokio::select! {
         r = perc_oracle::serve(listener, oracle) => r?,
         _ = stop.cancelled() => {}

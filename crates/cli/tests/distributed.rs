@@ -2,7 +2,8 @@
 //! `perc oracle` server and several `perc worker` processes replay a WARC that an embedded
 //! crawl recorded, and the export equals the embedded crawl's. Then the same with a worker
 //! killed (SIGKILL) mid-run and the oracle server killed and restarted: the other workers
-//! resolve what the dead one left and finish with the same export.
+//! resolve what the dead one left and finish with the same export. And two oracles started on
+//! one table: the second fences the first, and no timestamp is handed out twice.
 //!
 //! Every server is started here, on 127.0.0.1 and a port the kernel picks; without the
 //! emulator these tests fail with a message saying how to get it.
@@ -96,6 +97,73 @@ fn start_oracle(emulator: &Emulator, listen: &str) -> (Proc, String) {
     let line = first_line(&mut child, "oracle listening on ");
     let addr = line.trim().rsplit(' ').next().unwrap().to_string();
     (Proc(child), addr)
+}
+
+#[test]
+fn a_second_oracle_on_the_table_fences_the_first_and_no_timestamp_is_handed_out_twice() {
+    use perc_oracle::{ClientConfig, Oracle, RemoteOracle};
+    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let oracle = |listen: &str| {
+        let mut child = Command::new(PERC)
+            .arg("--config")
+            .arg(root().join("config/bigtable.toml"))
+            .args(["--set", &format!("bigtable.emulator={}", emulator.addr())])
+            .args(["oracle", "--listen", listen])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the oracle");
+        let line = first_line(&mut child, "oracle listening on ");
+        let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+        (child, addr)
+    };
+    let client = |addr: &str| {
+        let config = ClientConfig { reconnect_for_ms: 200, ..ClientConfig::default() };
+        rt.block_on(RemoteOracle::connect(addr, config)).expect("connect to an oracle")
+    };
+    let (mut first, first_addr) = oracle("127.0.0.1:0");
+    let from_first = client(&first_addr);
+    let mut handed_out = Vec::new();
+    for _ in 0..50 {
+        handed_out.push(rt.block_on(from_first.next()).unwrap());
+    }
+    // A second oracle on the same table while the first still serves (a supervisor that took
+    // a paused oracle for dead).
+    let (mut second, second_addr) = oracle("127.0.0.1:0");
+    let from_second = client(&second_addr);
+    for _ in 0..50 {
+        handed_out.push(rt.block_on(from_second.next()).unwrap());
+    }
+    // The first finds the newer mark (at its next check or reservation), stops answering and
+    // exits with an error that says why; what it handed out before that is its own.
+    let mut refused = None;
+    for _ in 0..1_000_000 {
+        match rt.block_on(from_first.next()) {
+            Ok(ts) => handed_out.push(ts),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    assert!(refused.is_some(), "the superseded oracle kept handing out timestamps");
+    let status = first.wait().unwrap();
+    assert!(!status.success(), "the superseded oracle exited with {status}");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(first.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("superseded"), "{stderr}");
+    // The second goes on serving.
+    for _ in 0..50 {
+        handed_out.push(rt.block_on(from_second.next()).unwrap());
+    }
+    let n = handed_out.len();
+    handed_out.sort();
+    handed_out.dedup();
+    assert_eq!(handed_out.len(), n, "a timestamp handed out twice");
+    let _ = second.kill();
+    let _ = second.wait();
 }
 
 /// Reads the child's first stdout line, which must start with `prefix`.

@@ -31,14 +31,30 @@ use crate::{LocalOracle, Oracle, OracleError};
 /// Most timestamps one request may ask for.
 const REQUEST_MAX: u64 = 1 << 20;
 
-/// Serves `oracle` on `listener` until the task is dropped or the listener fails.
-/// Connections live in the serving task: dropping it closes them all.
+/// How often a serving oracle reads the store's mark to find out that a newer oracle has
+/// superseded it (besides finding out at its next reservation).
+pub const FENCE_CHECK_MS: u64 = 500;
+
+/// Serves `oracle` on `listener` until the task is dropped, the listener fails, or the
+/// oracle is superseded by a newer one on the same store (an error: the process should
+/// stop). Connections live in the serving task: dropping it closes them all.
 pub async fn serve(listener: TcpListener, oracle: Arc<LocalOracle>) -> std::io::Result<()> {
     let mut connections = tokio::task::JoinSet::new();
+    let mut check = tokio::time::interval(Duration::from_millis(FENCE_CHECK_MS));
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => accepted?,
             Some(_) = connections.join_next() => continue,
+            _ = oracle.superseded() => {
+                return Err(std::io::Error::other(OracleError::Superseded { epoch: oracle.epoch() }));
+            }
+            _ = check.tick() => {
+                if let Err(e) = oracle.check_fence().await {
+                    tracing::warn!(error = %e, "the oracle cannot read its mark");
+                }
+                continue;
+            }
         };
         let oracle = oracle.clone();
         connections.spawn(async move {
