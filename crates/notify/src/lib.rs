@@ -68,8 +68,13 @@ pub struct NotifyConfig {
     pub failures_max: u32,
     /// Backoff after a failure, doubled with each further failure.
     pub failure_backoff_ms: u64,
-    /// How long an idle scanner waits before looking again (or until woken).
+    /// How long an idle scanner waits before looking again (or until woken): after a round
+    /// that found nothing; doubled after each further empty round, up to `idle_max_ms`.
     pub idle_ms: u64,
+    /// The longest an idle scanner waits between two looks at the store. A notification
+    /// written by this process wakes it at once; one written by another process (a shared
+    /// store) waits at most this long for an idle worker.
+    pub idle_max_ms: u64,
     /// While the workers are busy (half the runs in flight or more), a weak notification
     /// waits up to this long after a scanner first sees it (sixteen times as long while an
     /// earlier stage, upstream work, has notifications too), so that the changes that keep
@@ -94,6 +99,7 @@ impl Default for NotifyConfig {
             failures_max: 5,
             failure_backoff_ms: 100,
             idle_ms: 20,
+            idle_max_ms: 1000,
             gather_ms: 500,
             lease_ttl_ms: 30_000,
             gc_interval_ms: 60_000,

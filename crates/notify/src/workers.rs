@@ -181,6 +181,8 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     let mut due: Option<u64> = None;
     // How many notifications this round held back.
     let mut held = 0u64;
+    // Rounds in a row that found nothing: the idle pause doubles with each.
+    let mut empty_rounds = 0u32;
     let busy_runs = (config.concurrency / 2).max(1);
     // The last batch: how many runs it dispatched, and the refusal count before it.
     let mut last_dispatched = 0u64;
@@ -270,8 +272,10 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 pos = Bytes::new();
                 let now = engine.client().clock().now_ms();
                 let until_due = due.map(|d| d.saturating_sub(now).max(1));
+                empty_rounds = if found_since_wrap { 0 } else { empty_rounds.saturating_add(1) };
+                let idle = idle_pause(config.idle_ms, config.idle_max_ms, empty_rounds);
                 let pause = match (found_since_wrap, until_due) {
-                    (false, _) => Some(config.idle_ms),
+                    (false, _) => Some(idle),
                     // Some of what was found is being gathered: look again when the first is
                     // due, or earlier once enough runs finished to pay for reading it again.
                     (true, Some(until_due)) => Some(until_due),
@@ -337,6 +341,13 @@ async fn pause_round(shared: &Shared, ms: u64, busy_runs: usize, runs: u64) {
     }
 }
 
+/// The pause of an idle scanner after `empty_rounds` rounds in a row that found nothing:
+/// `idle_ms`, doubled with each further one, up to `idle_max_ms` (never below `idle_ms`).
+fn idle_pause(idle_ms: u64, idle_max_ms: u64, empty_rounds: u32) -> u64 {
+    let doubled = idle_ms.saturating_mul(1u64 << empty_rounds.saturating_sub(1).min(32));
+    doubled.min(idle_max_ms.max(idle_ms))
+}
+
 /// Whether scanner `me`, having just read rows `first..=last`, is right behind another
 /// scanner: one whose position lies inside that range is about to (or just did) process the
 /// same notifications.
@@ -394,5 +405,14 @@ mod tests {
         // Its own position and an unplaced scanner never count.
         assert!(!right_behind(1, &positions, &b("d"), &b("m")));
         assert!(!right_behind(2, &[b(""), b("")], &b("a"), &b("z")));
+    }
+
+    #[test]
+    fn the_idle_pause_doubles_up_to_its_cap() {
+        let pauses: Vec<u64> = (1..=8).map(|n| idle_pause(20, 1000, n)).collect();
+        assert_eq!(pauses, [20, 40, 80, 160, 320, 640, 1000, 1000]);
+        assert_eq!(idle_pause(20, 1000, u32::MAX), 1000);
+        // A cap below idle_ms is idle_ms.
+        assert_eq!(idle_pause(50, 10, 3), 50);
     }
 }

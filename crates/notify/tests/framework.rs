@@ -696,13 +696,92 @@ fn workers_run_the_chain_to_quiescence() {
             assert_eq!(env.read(&format!("row{i:04}"), "d").await.unwrap(), format!("x{i}|A|B|C"));
         }
         assert!(!engine.has_pending().await.unwrap());
-        // More work after quiescence is picked up again.
+        // More work after quiescence is picked up again, at once: a kick ends the idle
+        // scanners' backoff (`idle_max_ms`, a second by default).
         env.write("row0007", "a", "again").await;
         workers.kick();
         workers.wait().await.unwrap();
         assert_eq!(env.read("row0007", "d").await.unwrap(), "again|A|B|C");
         let commits: u64 = engine.stats().iter().map(|s| s.commits).sum();
         assert_eq!(commits, ROWS as u64 * 3 + 3);
+        workers.shutdown().await;
+    });
+}
+
+/// A store that counts the scans of the notify family: the scanners' looks.
+struct NotifyScans<S> {
+    inner: S,
+    scans: AtomicU64,
+}
+
+#[async_trait]
+impl<S: Store> Store for NotifyScans<S> {
+    fn schema(&self) -> &perc_store::Schema {
+        self.inner.schema()
+    }
+    async fn read_row(
+        &self,
+        row: &[u8],
+        reads: &[perc_store::ColumnRead],
+    ) -> perc_store::Result<Vec<Vec<perc_store::Cell>>> {
+        self.inner.read_row(row, reads).await
+    }
+    async fn check_and_mutate(
+        &self,
+        row: &[u8],
+        conditions: &[perc_store::Condition],
+        mutations: &[perc_store::Mutation],
+    ) -> perc_store::Result<bool> {
+        self.inner.check_and_mutate(row, conditions, mutations).await
+    }
+    async fn mutate_rows(&self, rows: &[perc_store::RowMutation]) -> perc_store::Result<()> {
+        self.inner.mutate_rows(rows).await
+    }
+    async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<perc_store::ScanCell>> {
+        if scan.family == "notify" {
+            self.scans.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.scan(scan).await
+    }
+    async fn sync(&self) -> perc_store::Result<()> {
+        self.inner.sync().await
+    }
+}
+
+#[test]
+fn idle_scanners_back_off() {
+    let rt = rt();
+    rt.block_on(async {
+        let mut reg = Registry::new();
+        reg.register("A", "a", NotifyKind::Strong, stage("A", "b")).unwrap();
+        let counted = Arc::new(NotifyScans {
+            inner: MemStore::new(perc_notify::schema()),
+            scans: AtomicU64::new(0),
+        });
+        let store: Arc<dyn Store> = counted.clone();
+        let env = Env::new(store, reg, true).await;
+        let clock = env.manual.clone().expect("a manual clock");
+        let config = NotifyConfig {
+            scanners: 2,
+            idle_ms: 20,
+            idle_max_ms: 1000,
+            gc_interval_ms: 0,
+            ..NotifyConfig::default()
+        };
+        let engine = Arc::new(env.engine(config).await);
+        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        workers.wait().await.unwrap();
+        // A virtual minute with nothing to do (the tasks' own pauses move the clock): at a
+        // steady 20 ms each scanner would look up to 3000 times; doubling up to a second,
+        // at most ~66.
+        let scans_before = counted.scans.load(Ordering::SeqCst);
+        let until = clock.now_ms() + 60_000;
+        while clock.now_ms() < until {
+            tokio::task::yield_now().await;
+        }
+        let scans = counted.scans.load(Ordering::SeqCst) - scans_before;
+        assert!(scans <= 2 * 70, "{scans} scans by two idle scanners in a minute");
+        assert!(scans >= 2, "the idle scanners stopped looking");
         workers.shutdown().await;
     });
 }
