@@ -84,6 +84,12 @@ impl Cluster {
 
 /// Starts `perc oracle` on `listen` and returns it with the address it reports.
 fn start_oracle(emulator: &Emulator, listen: &str) -> (Proc, String) {
+    let (child, addr) = spawn_oracle(emulator, listen, Stdio::null());
+    (Proc(child), addr)
+}
+
+/// Starts `perc oracle` on `listen`, its stderr to `stderr`; the address it reports.
+fn spawn_oracle(emulator: &Emulator, listen: &str, stderr: Stdio) -> (Child, String) {
     let mut child = Command::new(PERC)
         .arg("--config")
         .arg(root().join("config/bigtable.toml"))
@@ -91,12 +97,12 @@ fn start_oracle(emulator: &Emulator, listen: &str) -> (Proc, String) {
         .args(["oracle", "--listen", listen])
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("start the oracle");
     let line = first_line(&mut child, "oracle listening on ");
     let addr = line.trim().rsplit(' ').next().unwrap().to_string();
-    (Proc(child), addr)
+    (child, addr)
 }
 
 #[test]
@@ -104,21 +110,7 @@ fn a_second_oracle_on_the_table_fences_the_first_and_no_timestamp_is_handed_out_
     use perc_oracle::{ClientConfig, Oracle, RemoteOracle};
     let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let oracle = |listen: &str| {
-        let mut child = Command::new(PERC)
-            .arg("--config")
-            .arg(root().join("config/bigtable.toml"))
-            .args(["--set", &format!("bigtable.emulator={}", emulator.addr())])
-            .args(["oracle", "--listen", listen])
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the oracle");
-        let line = first_line(&mut child, "oracle listening on ");
-        let addr = line.trim().rsplit(' ').next().unwrap().to_string();
-        (child, addr)
-    };
+    let oracle = |listen: &str| spawn_oracle(&emulator, listen, Stdio::piped());
     let client = |addr: &str| {
         let config = ClientConfig { reconnect_for_ms: 200, ..ClientConfig::default() };
         rt.block_on(RemoteOracle::connect(addr, config)).expect("connect to an oracle")
