@@ -17,8 +17,8 @@
 //!   set is the `a:<url>\0<alias>` rows.
 //! - **An alias** (redirecting) counts its own inlinks at the end of its redirect chain: it
 //!   adds its changes into `x:<end>\0<source>`'s `indeg:via` (how many of end's aliases that
-//!   source links to) and marks the source with a change row of 0 for `end`; it keeps `a:<end>\0<url>`
-//!   and remembers the end in `indeg:alias_of` ("" for a cycle). When its end changes, it
+//!   source links to) and marks the source with a change row of 0 for `end`; it keeps
+//!   `a:<end>\0<url>` and remembers the end in `indeg:alias_of` ("" for a cycle). When its end changes, it
 //!   moves what it counted (O(its own inlinks), once per change of a redirect).
 //! - Whenever a redirect on a URL's chain was rewritten since its last run (its own, or a
 //!   hop's; `indeg:chain` holds their commit timestamps), it tells the URLs redirecting
@@ -74,8 +74,7 @@ impl Observer for InDegree {
         let stamp = Bytes::from(chain.stamp);
         if model::set_if_changed(txn, row, col::CHAIN, stamp.clone()).await? {
             notify_direct_aliases(txn, url).await?;
-        }
-        if folded {
+        } else if folded {
             // Written even when unchanged: two runs that fold the same change rows (deleted
             // unchecked) must conflict, or both would count them.
             txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);

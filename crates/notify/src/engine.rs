@@ -266,7 +266,6 @@ impl Engine {
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
     }
-    /// Whether `column` is observed through weak notifications.
     /// The observer of `column` (its kind and stage), if any.
     pub fn registration(&self, column: &[u8]) -> Option<&Registration> {
         self.registry.get(column)

@@ -2,8 +2,8 @@
 //! calls made concurrently into one call to the store below. While every lane (a merged call
 //! in flight; one to a few) is busy, the calls that arrive queue up; when a lane frees, the
 //! first of them sends everything queued as the next call, and each caller gets the outcome
-//! of the call that carried its rows. Nobody waits for a timer: a lone caller's call goes out at once. Every other
-//! operation passes through.
+//! of the call that carried its rows. Nobody waits for a timer: a lone caller's call goes out
+//! at once. Every other operation passes through.
 //!
 //! Why it is safe: `mutate_rows` promises atomicity per row and nothing across rows or calls,
 //! and calls that overlap in time have no order between them to keep. A merged call keeps

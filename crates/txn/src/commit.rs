@@ -1,8 +1,8 @@
 //! The commit (the paper's Figure 6): prewrite every cell (one conditional mutation per row,
 //! the primary's row first; rows of unchecked cells all in one batched call), set the notify
 //! cells at commit_ts, commit the primary durably (the commit point), then the secondaries in
-//! one batch. Crash points for fault tests stop
-//! it part-way, as a dead process would (the `failpoints` feature).
+//! one batch. Crash points for fault tests stop it part-way, as a dead process would (the
+//! `failpoints` feature).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -138,9 +138,7 @@ impl Transaction {
             actions::prewrite_unchecked(store, &blind, start_ts, &info),
         )
         .await;
-        if let Some(pos) =
-            results.iter().position(Result::is_err).or(blind_result.is_err().then_some(usize::MAX))
-        {
+        if results.iter().any(Result::is_err) || blind_result.is_err() {
             // Abort: our own locks go, the primary's first (with its rollback record).
             let columns: Vec<Bytes> = primary_cells.iter().map(|c| c.column.clone()).collect();
             actions::rollback_primary(store, &primary_row, &primary_column, &columns, start_ts)
@@ -155,10 +153,11 @@ impl Transaction {
                 .map(|(row, cells)| (row.clone(), cells.iter().map(|c| c.column.clone()).collect()))
                 .collect();
             actions::rollback_secondaries(store, &ours, start_ts).await?;
-            let err = match results.into_iter().nth(pos) {
-                Some(r) => r.unwrap_err(),
-                None => blind_result.unwrap_err(),
-            };
+            let err = results
+                .into_iter()
+                .find_map(Result::err)
+                .or(blind_result.err())
+                .expect("a prewrite failed");
             clean_conflicting_lock(&client, &err).await?;
             return Err(err);
         }

@@ -26,7 +26,7 @@
 //!                                       redirects its chain read
 //!   e:<target>\0<source>   edge:anchor                                  invert
 //!   d:<target>\0<source>\0<ts>                                          invert, indegree
-//!                          indeg:delta  +1/-1: an edge not yet counted,  (which folds and
+//!                          indeg:delta  +1/-1: an edge not yet counted, (which folds and
 //!                                       or 0: look at this source       deletes them);
 //!                                       again; one row per writing      <ts>: the writer's
 //!                                       transaction                     start_ts
