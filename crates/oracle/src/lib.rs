@@ -91,19 +91,21 @@ pub struct LocalOracle {
     epoch: u64,
     /// The next timestamp to hand out.
     next: AtomicU64,
-    /// One past the persisted high-water mark: `next` never passes it.
+    /// One past the persisted high-water mark (the mark this oracle last wrote): `next`
+    /// never passes it.
     limit: AtomicU64,
-    /// Serialises reservations; holds the mark this oracle last wrote.
-    refill: tokio::sync::Mutex<u64>,
+    /// Serialises reservations (the only writers of `limit`).
+    refill: tokio::sync::Mutex<()>,
     /// Set when a reservation found another oracle's mark: nothing is handed out after.
     superseded: std::sync::atomic::AtomicBool,
     superseded_signal: tokio::sync::Notify,
 }
 
-/// The newest mark in the store: (high-water mark, epoch, the timestamp of its cell).
-async fn read_mark(store: &dyn Store) -> Result<(u64, u64, Ts), OracleError> {
+/// The newest mark in the store: (high-water mark, epoch, the timestamp of its cell, if there
+/// is one).
+async fn read_mark(store: &dyn Store) -> Result<(u64, u64, Option<Ts>), OracleError> {
     let got = store.read_row(ROW, &[ColumnRead::newest(column(), TsRange::ALL)]).await?;
-    let Some(cell) = got[0].first() else { return Ok((0, 0, Ts::ZERO)) };
+    let Some(cell) = got[0].first() else { return Ok((0, 0, None)) };
     let raw: [u8; 8] = cell
         .value
         .as_ref()
@@ -112,9 +114,9 @@ async fn read_mark(store: &dyn Store) -> Result<(u64, u64, Ts), OracleError> {
     let value = u64::from_be_bytes(raw);
     Ok(if cell.ts == Ts::ZERO {
         // The format before fencing: the mark in the value, no epoch.
-        (value, 0, Ts::ZERO)
+        (value, 0, Some(Ts::ZERO))
     } else {
-        (cell.ts.0, value, cell.ts)
+        (cell.ts.0, value, Some(cell.ts))
     })
 }
 
@@ -168,14 +170,13 @@ impl LocalOracle {
         // Two oracles opening at once: one claim wins, the other reads the winner's mark and
         // claims above it.
         loop {
-            let (hwm, epoch, at) = read_mark(store.as_ref()).await?;
+            let (hwm, epoch, current) = read_mark(store.as_ref()).await?;
             // Everything up to `hwm` may have been handed out before: start above it.
             let start = hwm + 1;
             if start > Ts::MAX.0 {
                 return Err(OracleError::Exhausted { requested: 1, max: Ts::MAX });
             }
             let limit = (start + block).min(Ts::MAX.0 + 1);
-            let current = (hwm > 0).then_some(at);
             if write_mark(store.as_ref(), current, limit - 1, epoch + 1).await? {
                 return Ok(LocalOracle {
                     store,
@@ -183,7 +184,7 @@ impl LocalOracle {
                     epoch: epoch + 1,
                     next: AtomicU64::new(start),
                     limit: AtomicU64::new(limit),
-                    refill: tokio::sync::Mutex::new(limit - 1),
+                    refill: tokio::sync::Mutex::new(()),
                     superseded: std::sync::atomic::AtomicBool::new(false),
                     superseded_signal: tokio::sync::Notify::new(),
                 });
@@ -211,7 +212,8 @@ impl LocalOracle {
     /// at once (rather than at this oracle's next reservation); whether it was superseded.
     /// [`serve`] calls it periodically.
     pub async fn check_fence(&self) -> Result<bool, OracleError> {
-        let mark = *self.refill.lock().await;
+        let _no_refill = self.refill.lock().await;
+        let mark = self.limit.load(Ordering::Acquire) - 1;
         if !self.superseded.load(Ordering::Acquire) {
             let (hwm, epoch, _) = read_mark(self.store.as_ref()).await?;
             if (hwm, epoch) != (mark, self.epoch) {
@@ -234,7 +236,7 @@ impl LocalOracle {
 
     /// Reserves a new block (or more, for a large batch) by persisting a higher mark.
     async fn refill(&self, n: u64) -> Result<(), OracleError> {
-        let mut mark = self.refill.lock().await;
+        let _one_writer = self.refill.lock().await;
         if self.superseded.load(Ordering::Acquire) {
             return Err(self.fenced());
         }
@@ -250,11 +252,11 @@ impl LocalOracle {
         // Near the end of the range the block shrinks to what is left.
         let new_limit = (base + n.max(self.block)).min(Ts::MAX.0 + 1);
         let hwm = new_limit - 1;
-        if !write_mark(self.store.as_ref(), Some(Ts(*mark)), hwm, self.epoch).await? {
+        // The mark this oracle wrote last is one below its limit.
+        if !write_mark(self.store.as_ref(), Some(Ts(limit - 1)), hwm, self.epoch).await? {
             self.supersede();
             return Err(self.fenced());
         }
-        *mark = hwm;
         self.limit.store(new_limit, Ordering::Release);
         Ok(())
     }
