@@ -708,56 +708,13 @@ fn workers_run_the_chain_to_quiescence() {
     });
 }
 
-/// A store that counts the scans of the notify family: the scanners' looks.
-struct NotifyScans<S> {
-    inner: S,
-    scans: AtomicU64,
-}
-
-#[async_trait]
-impl<S: Store> Store for NotifyScans<S> {
-    fn schema(&self) -> &perc_store::Schema {
-        self.inner.schema()
-    }
-    async fn read_row(
-        &self,
-        row: &[u8],
-        reads: &[perc_store::ColumnRead],
-    ) -> perc_store::Result<Vec<Vec<perc_store::Cell>>> {
-        self.inner.read_row(row, reads).await
-    }
-    async fn check_and_mutate(
-        &self,
-        row: &[u8],
-        conditions: &[perc_store::Condition],
-        mutations: &[perc_store::Mutation],
-    ) -> perc_store::Result<bool> {
-        self.inner.check_and_mutate(row, conditions, mutations).await
-    }
-    async fn mutate_rows(&self, rows: &[perc_store::RowMutation]) -> perc_store::Result<()> {
-        self.inner.mutate_rows(rows).await
-    }
-    async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<perc_store::ScanCell>> {
-        if scan.family == "notify" {
-            self.scans.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.scan(scan).await
-    }
-    async fn sync(&self) -> perc_store::Result<()> {
-        self.inner.sync().await
-    }
-}
-
 #[test]
 fn idle_scanners_back_off() {
     let rt = rt();
     rt.block_on(async {
         let mut reg = Registry::new();
         reg.register("A", "a", NotifyKind::Strong, stage("A", "b")).unwrap();
-        let counted = Arc::new(NotifyScans {
-            inner: MemStore::new(perc_notify::schema()),
-            scans: AtomicU64::new(0),
-        });
+        let counted = Arc::new(perc_store::Counted::new(MemStore::new(perc_notify::schema())));
         let store: Arc<dyn Store> = counted.clone();
         let env = Env::new(store, reg, true).await;
         let clock = env.manual.clone().expect("a manual clock");
@@ -774,12 +731,13 @@ fn idle_scanners_back_off() {
         // A virtual minute with nothing to do (the tasks' own pauses move the clock): at a
         // steady 20 ms each scanner would look up to 3000 times; doubling up to a second,
         // at most ~66.
-        let scans_before = counted.scans.load(Ordering::SeqCst);
+        let notify_scans = || counted.scans_of(perc_txn::actions::NOTIFY.name);
+        let scans_before = notify_scans();
         let until = clock.now_ms() + 60_000;
         while clock.now_ms() < until {
             tokio::task::yield_now().await;
         }
-        let scans = counted.scans.load(Ordering::SeqCst) - scans_before;
+        let scans = notify_scans() - scans_before;
         assert!(scans <= 2 * 70, "{scans} scans by two idle scanners in a minute");
         assert!(scans >= 2, "the idle scanners stopped looking");
         workers.shutdown().await;

@@ -1,9 +1,11 @@
 //! A store wrapper that counts operations by kind: the figure behind "store operations per
 //! transaction" and "per indexed page" in the benchmarks. Each trait call is one operation,
 //! the unit a Bigtable RPC would be; a batched call counts once, and its rows are counted
-//! apart.
+//! apart. Scans are also counted by family (the notification scanners' against the rest).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 
@@ -41,6 +43,7 @@ struct Counters {
     scan: AtomicU64,
     sync: AtomicU64,
     batched_rows: AtomicU64,
+    scans_by_family: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 pub struct Counted<S> {
@@ -55,6 +58,12 @@ impl<S: Store> Counted<S> {
 
     pub fn inner(&self) -> &S {
         &self.inner
+    }
+
+    /// Scan calls of `family` so far.
+    pub fn scans_of(&self, family: &str) -> u64 {
+        let by_family = self.counters.scans_by_family.lock().unwrap_or_else(|e| e.into_inner());
+        by_family.get(family).copied().unwrap_or(0)
     }
 
     pub fn counts(&self) -> OpCounts {
@@ -105,6 +114,13 @@ impl<S: Store> Store for Counted<S> {
     }
     async fn scan(&self, scan: &Scan) -> Result<Vec<ScanCell>> {
         bump(&self.counters.scan, 1);
+        *self
+            .counters
+            .scans_by_family
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(scan.family)
+            .or_default() += 1;
         self.inner.scan(scan).await
     }
     async fn sync(&self) -> Result<()> {
