@@ -716,29 +716,27 @@ fn idle_scanners_back_off() {
         reg.register("A", "a", NotifyKind::Strong, stage("A", "b")).unwrap();
         let counted = Arc::new(perc_store::Counted::new(MemStore::new(perc_notify::schema())));
         let store: Arc<dyn Store> = counted.clone();
-        let env = Env::new(store, reg, true).await;
-        let clock = env.manual.clone().expect("a manual clock");
+        let env = Env::new(store, reg, false).await;
         let config = NotifyConfig {
             scanners: 2,
-            idle_ms: 20,
-            idle_max_ms: 1000,
+            idle_ms: 1,
+            idle_max_ms: 16,
             gc_interval_ms: 0,
             ..NotifyConfig::default()
         };
         let engine = Arc::new(env.engine(config).await);
         let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
         workers.wait().await.unwrap();
-        // A virtual minute with nothing to do (the tasks' own pauses move the clock): at a
-        // steady 20 ms each scanner would look up to 3000 times; doubling up to a second,
-        // at most ~66.
+        // Half a second with nothing to do. A scanner's looks are at least its pause apart
+        // (nothing wakes it), so after the ramp (1, 2, 4, 8 ms) it looks at most once every
+        // 16 ms; without the backoff it would look every millisecond. (Real time: a manual
+        // clock is moved by every task's pauses, the heartbeat's too, which hides the rate.)
         let notify_scans = || counted.scans_of(perc_txn::actions::NOTIFY.name);
-        let scans_before = notify_scans();
-        let until = clock.now_ms() + 60_000;
-        while clock.now_ms() < until {
-            tokio::task::yield_now().await;
-        }
+        let (scans_before, start) = (notify_scans(), std::time::Instant::now());
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let scans = notify_scans() - scans_before;
-        assert!(scans <= 2 * 70, "{scans} scans by two idle scanners in a minute");
+        let ms = start.elapsed().as_millis() as u64;
+        assert!(scans <= 2 * (ms / 16 + 6), "{scans} scans by two idle scanners in {ms} ms");
         assert!(scans >= 2, "the idle scanners stopped looking");
         workers.shutdown().await;
     });
