@@ -39,7 +39,9 @@ pub async fn ensure_table(config: &BigtableConfig, schema: &Schema) -> Result<()
                 .map_err(|e| Error::Config(format!("emulator address {addr:?}: {e}")))?
                 .connect()
                 .await
-                .map_err(|e| Error::Rpc(format!("cannot reach the emulator at {addr}: {e}")))?;
+                .map_err(|e| {
+                    Error::Unreachable(format!("cannot reach the emulator at {addr}: {e}"))
+                })?;
             (channel, Bearer(None))
         }
         None => {
@@ -58,7 +60,7 @@ pub async fn ensure_table(config: &BigtableConfig, schema: &Schema) -> Result<()
                 .map_err(|e| Error::Rpc(e.to_string()))?
                 .connect()
                 .await
-                .map_err(|e| Error::Rpc(format!("cannot reach bigtableadmin: {e}")))?;
+                .map_err(|e| Error::Unreachable(format!("cannot reach bigtableadmin: {e}")))?;
             (channel, Bearer(Some(value)))
         }
     };
@@ -76,6 +78,9 @@ pub async fn ensure_table(config: &BigtableConfig, schema: &Schema) -> Result<()
     match admin.create_table(create).await {
         Ok(_) => return Ok(()),
         Err(s) if s.code() == Code::AlreadyExists => {}
+        Err(s) if s.code() == Code::Unavailable => {
+            return Err(Error::Unreachable(format!("creating table {name}: {}", s.message())))
+        }
         Err(s) => return Err(Error::Rpc(format!("creating table {name}: {}", s.message()))),
     }
     let existing = admin

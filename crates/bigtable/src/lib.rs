@@ -86,6 +86,10 @@ pub enum Error {
     Config(String),
     #[error("bigtable: {0}")]
     Rpc(String),
+    /// Nothing answers at the address (yet): an emulator or a network still starting. The
+    /// one error worth waiting out when opening.
+    #[error("bigtable: {0}")]
+    Unreachable(String),
 }
 
 /// Cells up to this size travel in one gRPC message; Bigtable allows 100 MiB per cell, and a

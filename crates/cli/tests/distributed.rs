@@ -339,3 +339,78 @@ fn first_url(export: &str) -> String {
         .unwrap()
         .to_string()
 }
+
+/// A port nobody listens on now (the kernel's pick, released at once).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The shell block that follows the "recipe" marker in docs/deployment.md.
+fn deployment_recipe() -> String {
+    let doc = std::fs::read_to_string(root().join("docs/deployment.md")).unwrap();
+    let marked = doc.split("<!-- recipe:").nth(1).expect("docs/deployment.md marks its recipe");
+    let block = marked.split("```sh\n").nth(1).expect("a sh block follows the marker");
+    block.split("\n```").next().unwrap().to_string()
+}
+
+#[test]
+fn the_deployment_recipe_runs_as_written_from_any_directory() {
+    use std::os::unix::process::CommandExt;
+    let recipe = deployment_recipe();
+    assert!(recipe.contains("perc worker"), "{recipe}");
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = Path::new(PERC).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let mut shell = Command::new("bash");
+    shell
+        .args(["-euo", "pipefail", "-c", &recipe])
+        .current_dir(tmp.path())
+        .env("PATH", path)
+        .env("EMU_PORT", free_port().to_string())
+        .env("ORACLE_PORT", free_port().to_string())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    for (k, _) in
+        std::env::vars().filter(|(k, _)| k.starts_with("PERC_") && k != "PERC_CBTEMULATOR")
+    {
+        shell.env_remove(k);
+    }
+    let child = shell.spawn().expect("bash");
+    // Whatever happens, the recipe's process group (emulator, oracle, workers) ends: after
+    // its run, or when the run takes far longer than it should.
+    let group = child.id();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if finished.recv_timeout(std::time::Duration::from_secs(240)).is_err() {
+            // `--`: a negative pid after it is a process group, never an option.
+            let group = format!("-{group}");
+            let _ = Command::new("kill").args(["-s", "KILL", "--", &group]).status();
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = done.send(());
+    watchdog.join().unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the recipe failed: {stderr}\n{stdout}");
+    assert!(stdout.contains("pages indexed"), "{stdout}");
+    assert!(stdout.contains("pending notifications:         0"), "{stdout}");
+    // The same WARC replayed embedded gives the same export.
+    let data = tmp.path().join("embedded");
+    let warc = tmp.path().join("demo.warc.gz");
+    let embedded = tmp.path().join("embedded.jsonl");
+    for args in [
+        vec!["replay", warc.to_str().unwrap()],
+        vec!["export", "--out", embedded.to_str().unwrap()],
+    ] {
+        let mut run = Command::new(PERC);
+        run.arg("--data").arg(&data).args(args).env_remove("RUST_LOG");
+        ok(&run.output().unwrap());
+    }
+    let got = std::fs::read_to_string(tmp.path().join("index.jsonl")).unwrap();
+    assert!(got.lines().count() > 80, "{got}");
+    assert_eq!(got, std::fs::read_to_string(embedded).unwrap());
+}

@@ -113,6 +113,7 @@ impl Workers {
     /// keep failing count as pending until they are parked.
     pub async fn wait(&self) -> Result<(), TxnError> {
         let engine = &self.shared.engine;
+        let mut quiet_looks = 0;
         loop {
             let progress = engine.progress.notified();
             if let Some(e) = engine.fatal() {
@@ -141,10 +142,13 @@ impl Workers {
                     self.kick();
                 }
             }
-            let idle = engine.config().idle_ms;
+            // Without progress here (a loader whose workers run elsewhere), look less often
+            // the longer the wait: each look is a scan of the notify family.
+            let config = engine.config();
+            let pause = idle_pause(config.idle_ms, config.idle_max_ms, quiet_looks);
             tokio::select! {
-                _ = progress => {}
-                _ = engine.client().clock().sleep_ms(idle) => {}
+                _ = progress => quiet_looks = 0,
+                _ = engine.client().clock().sleep_ms(pause) => quiet_looks += 1,
             }
         }
     }

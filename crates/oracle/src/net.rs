@@ -146,6 +146,7 @@ impl Oracle for RemoteOracle {
 async fn reconnect(addr: &str, config: &ClientConfig) -> Result<TcpStream, OracleError> {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(config.reconnect_for_ms);
     let mut pause = 5u64;
+    let mut said = false;
     loop {
         match TcpStream::connect(addr).await {
             Ok(s) => {
@@ -158,7 +159,14 @@ async fn reconnect(addr: &str, config: &ClientConfig) -> Result<TcpStream, Oracl
                 )));
             }
             Err(e) => {
-                tracing::debug!(%addr, error = %e, "oracle unreachable; retrying");
+                if !said {
+                    tracing::warn!(
+                        "waiting for the timestamp oracle at {addr} ({e}); trying again for up \
+                         to {} s",
+                        config.reconnect_for_ms / 1000
+                    );
+                    said = true;
+                }
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 pause = (pause * 2).min(config.backoff_max_ms.max(1));
             }

@@ -68,6 +68,9 @@ pub struct Bigtable {
     pub emulator: String,
     pub channels: usize,
     pub timeout_ms: u64,
+    /// How long opening waits for a table that cannot be reached yet (an emulator or a
+    /// network still starting), trying again with backoff.
+    pub connect_for_ms: u64,
 }
 
 /// The timestamp oracle: in this process, or a `perc oracle` server.
@@ -210,6 +213,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("store.write_lanes", 1, 1024),
     ("bigtable.channels", 1, 256),
     ("bigtable.timeout_ms", 1, i64::MAX),
+    ("bigtable.connect_for_ms", 0, i64::MAX),
     ("oracle.reconnect_for_ms", 0, i64::MAX),
     ("crawl.max_depth", 0, 10_000),
     ("crawl.max_redirects", 0, 100),

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use perc_crawl::warc::Recorder;
 use perc_crawl::{
@@ -266,11 +267,49 @@ async fn open_bigtable(config: &Config) -> Result<Arc<dyn Store>> {
         channels: b.channels,
         timeout_ms: b.timeout_ms,
     };
-    let store =
-        perc_bigtable::BigtableStore::open(&bt, perc_notify::schema()).await.map_err(|e| {
-            PipelineError::Setup(format!("cannot open the Bigtable table {}: {e}", b.table))
-        })?;
-    Ok(Arc::new(store))
+    let what = match &bt.emulator {
+        Some(addr) => format!("the Bigtable emulator at {addr}"),
+        None => format!("Cloud Bigtable ({}/{})", bt.project, bt.instance),
+    };
+    let deadline = std::time::Instant::now() + Duration::from_millis(b.connect_for_ms);
+    let mut pause_ms = 50;
+    let mut said = false;
+    loop {
+        match perc_bigtable::BigtableStore::open(&bt, perc_notify::schema()).await {
+            Ok(store) => {
+                if said {
+                    tracing::info!("reached {what}");
+                }
+                return Ok(Arc::new(store));
+            }
+            Err(perc_bigtable::Error::Unreachable(e)) if std::time::Instant::now() < deadline => {
+                if !said {
+                    tracing::warn!(
+                        "waiting for {what} ({e}); trying again for up to {} s \
+                         (bigtable.connect_for_ms)",
+                        b.connect_for_ms / 1000
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                pause_ms = (pause_ms * 2).min(1_000);
+            }
+            Err(e @ perc_bigtable::Error::Unreachable(_)) => {
+                return Err(PipelineError::Setup(format!(
+                    "cannot open the Bigtable table {}: {e} (waited {} s: \
+                     bigtable.connect_for_ms)",
+                    b.table,
+                    b.connect_for_ms / 1000
+                )))
+            }
+            Err(e) => {
+                return Err(PipelineError::Setup(format!(
+                    "cannot open the Bigtable table {}: {e}",
+                    b.table
+                )))
+            }
+        }
+    }
 }
 
 #[cfg(not(feature = "bigtable"))]
