@@ -1,10 +1,12 @@
 //! Distributed mode's figures: the oracle server's timestamps/s over loopback (one caller,
-//! many), and replay on the Cloud Bigtable emulator with 1, 2 and 3 workers sharing the
-//! table (each worker its own engine, client, lease and oracle connection, as separate
-//! processes have), with store calls per indexed page.
+//! many), replay on the Cloud Bigtable emulator with 1, 2 and 3 workers sharing the table
+//! (each worker its own engine, client, lease and oracle connection, as separate processes
+//! have), with store calls per indexed page, and how soon a worker's work is taken over
+//! when it dies in the middle of it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use perc_bigtable::{BigtableConfig, BigtableStore, Emulator};
@@ -12,7 +14,10 @@ use perc_crawl::warc::Recorded;
 use perc_notify::Workers;
 use perc_oracle::{ClientConfig, LocalOracle, Oracle, RemoteOracle};
 use perc_pipeline::{Backend, Config, Pipeline};
-use perc_store::{Counted, MemStore, Schema, Store};
+use perc_store::{
+    Cell, ColumnRead, Condition, Counted, MemStore, Mutation, RowMutation, RowRead, Scan, ScanCell,
+    Schema, Store,
+};
 
 use crate::table::{rate, scaled, Table};
 
@@ -115,6 +120,134 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     Ok(())
 }
 
+/// A store that stops answering, for ever, once frozen: what a worker killed with SIGKILL
+/// looks like to the table (no release, no deregistration, no more heartbeats).
+struct Frozen {
+    inner: Arc<dyn Store>,
+    frozen: AtomicBool,
+}
+
+impl Frozen {
+    async fn gate(&self) {
+        if self.frozen.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Frozen {
+    fn schema(&self) -> &Schema {
+        self.inner.schema()
+    }
+    async fn read_row(
+        &self,
+        row: &[u8],
+        reads: &[ColumnRead],
+    ) -> perc_store::Result<Vec<Vec<Cell>>> {
+        self.gate().await;
+        self.inner.read_row(row, reads).await
+    }
+    async fn read_rows(&self, rows: &[RowRead]) -> perc_store::Result<Vec<Vec<Vec<Cell>>>> {
+        self.gate().await;
+        self.inner.read_rows(rows).await
+    }
+    async fn check_and_mutate(
+        &self,
+        row: &[u8],
+        conditions: &[Condition],
+        mutations: &[Mutation],
+    ) -> perc_store::Result<bool> {
+        self.gate().await;
+        self.inner.check_and_mutate(row, conditions, mutations).await
+    }
+    async fn mutate_rows(&self, rows: &[RowMutation]) -> perc_store::Result<()> {
+        self.gate().await;
+        self.inner.mutate_rows(rows).await
+    }
+    async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<ScanCell>> {
+        self.gate().await;
+        self.inner.scan(scan).await
+    }
+    async fn sync(&self) -> perc_store::Result<()> {
+        self.gate().await;
+        self.inner.sync().await
+    }
+}
+
+/// Two workers replay on the emulator with the default liveness (5 s) and lease (30 s) TTLs;
+/// one stops dead in the middle of the work. How long until the other takes over a
+/// notification the dead one had leased, and until everything is indexed.
+async fn takeover_on_emulator(t: &mut Table, scale: f64) -> Result<()> {
+    let emulator = Emulator::start().map_err(|e| anyhow!(e))?;
+    let addr = oracle_server().await?;
+    let table = BigtableConfig::emulator(emulator.addr(), "takeover");
+    let bt: Arc<dyn Store> = Arc::new(BigtableStore::open(&table, perc_notify::schema()).await?);
+    let frozen = Arc::new(Frozen { inner: bt.clone(), frozen: AtomicBool::new(false) });
+    let mut config = Config::defaults();
+    config.store.backend = Backend::Bigtable;
+    config.workers.gc_interval_ms = 0;
+    let open = async |store: Arc<dyn Store>| -> Result<Pipeline> {
+        let oracle: Arc<dyn Oracle> =
+            Arc::new(RemoteOracle::connect(&addr, ClientConfig::default()).await?);
+        Ok(Pipeline::builder(config.clone()).store(store).oracle(oracle).open().await?)
+    };
+    let n = scaled(400, scale) as usize;
+    let web = perc_synth::Web::new(perc_synth::Spec::new(n, 7));
+    let recorded: Vec<Recorded> =
+        web.responses().map(|(url, response)| Recorded { url, response }).collect();
+    let loader = open(bt.clone()).await?.client;
+    perc_observers::load_recorded(&loader, &recorded).await?;
+    let doomed = open(frozen.clone()).await?;
+    let survivor = open(bt.clone()).await?;
+    let handle = tokio::runtime::Handle::current();
+    // The doomed worker's tasks stay stuck on the frozen store: never shut down.
+    std::mem::forget(Workers::start(doomed.engine.clone(), &handle));
+    let running = Workers::start(survivor.engine.clone(), &handle);
+    let commits = |p: &Pipeline| p.engine.stats().iter().map(|s| s.commits).sum::<u64>();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while commits(&doomed) < 50 {
+        anyhow::ensure!(Instant::now() < deadline, "the doomed worker never got going");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    frozen.frozen.store(true, Ordering::SeqCst);
+    let stopped = Instant::now();
+    let mut first_takeover = None;
+    {
+        let done = running.wait();
+        tokio::pin!(done);
+        loop {
+            tokio::select! {
+                r = &mut done => { r?; break; }
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {
+                    if first_takeover.is_none() && survivor.engine.lease_takeovers() > 0 {
+                        first_takeover = Some(stopped.elapsed().as_secs_f64());
+                    }
+                }
+            }
+        }
+    }
+    let all_done = stopped.elapsed().as_secs_f64();
+    running.shutdown().await;
+    let indexed = perc_observers::page_count(&loader).await?;
+    let taken = survivor.engine.lease_takeovers();
+    t.add(
+        format!("a worker stops dead mid-replay of {n} pages; the other takes over"),
+        match first_takeover {
+            Some(s) => format!("{s:.1} s"),
+            None => "no lease was held".into(),
+        },
+        format!(
+            "to the first of {taken} leases taken over (liveness TTL {} s, lease TTL {} s; \
+             goal <= liveness TTL + one scan pass); all {indexed} pages indexed {all_done:.1} \
+             s after the stop",
+            config.txn.liveness_ttl_ms / 1000,
+            config.workers.lease_ttl_ms / 1000
+        ),
+    );
+    Ok(())
+}
+
 pub fn run(scale: f64) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
@@ -126,6 +259,7 @@ pub fn run(scale: f64) -> Result<()> {
         for workers in 1..=3 {
             replay_on_emulator(&mut t, scale, workers).await?;
         }
+        takeover_on_emulator(&mut t, scale).await?;
         t.print("replay on the Cloud Bigtable emulator");
         Ok(())
     })

@@ -596,6 +596,11 @@ impl Engine {
         }
     }
 
+    /// Leases this process took over from dead workers.
+    pub fn lease_takeovers(&self) -> u64 {
+        self.lease.takeovers()
+    }
+
     /// Every observer's counters, by name.
     pub fn stats(&self) -> Vec<ObserverStats> {
         self.counters

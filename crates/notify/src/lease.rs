@@ -2,33 +2,43 @@
 //!
 //! Advisory: correctness never depends on them (the ack column makes a second run commit
 //! nothing twice); they only save wasted runs. [`LocalLease`] serves one process (the
-//! embedded mode); [`StoreLease`] serves many processes sharing a store (distributed mode),
-//! with expiry, so a dead worker's leases free themselves:
+//! embedded mode); [`StoreLease`] serves many processes sharing a store (distributed mode).
+//! A store lease is free when it expired, or when its holder is dead by the liveness
+//! registry (its heartbeat older than the liveness TTL, or gone): a killed worker's
+//! notifications are taken over as soon as its locks may be cleaned, not a lease TTL later.
 //!
 //! ```text
 //!   family "lease"   row = the notification's row   qualifier = its column
-//!   one cell, at ts = the wall-clock ms it expires; value = the holder
-//!   acquire: check_and_mutate(no cell at ts > now) { delete all; put at now + ttl }
-//!   release: delete the cell at exactly our expiry
+//!   one cell, at ts = the wall-clock ms it expires; value = the holder's worker id (hex)
+//!   acquire:  check_and_mutate(no cell at ts > now) { delete all; put at now + ttl }
+//!   take over (refused, and the holder read from the cell is dead):
+//!             check_and_mutate(a cell at exactly the ts read) { delete all; put at now + ttl }
+//!   release:  delete the cell at exactly our expiry
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use perc_store::{
-    Column, Condition, FamilySpec, Locality, Mutation, RowMutation, Store, Ts, TsRange,
+    Column, ColumnRead, Condition, FamilySpec, Locality, Mutation, RowMutation, Store, Ts, TsRange,
 };
-use perc_txn::Clock;
+use perc_txn::{ClientId, Clock, Liveness};
 
 /// Where [`StoreLease`] keeps its cells.
 pub const LEASE: FamilySpec = FamilySpec { name: "lease", locality: Locality::Row };
 
 #[async_trait]
 pub trait RowLease: Send + Sync + 'static {
-    /// Takes the lease on `(row, column)` if nobody holds it.
+    /// Takes the lease on `(row, column)` if nobody (alive) holds it.
     async fn try_acquire(&self, row: &Bytes, column: &Bytes) -> Option<LeaseGuard>;
+
+    /// Leases taken from dead holders so far.
+    fn takeovers(&self) -> u64 {
+        0
+    }
 }
 
 /// Releases its lease when dropped.
@@ -75,20 +85,96 @@ pub struct StoreLease {
     clock: Arc<dyn Clock>,
     ttl_ms: u64,
     holder: Bytes,
+    liveness: Liveness,
+    /// Holders found alive, and when (ms): a refused lease does not read the registry again
+    /// for each notification of a live worker.
+    alive: Mutex<HashMap<ClientId, u64>>,
+    /// Notifications refused, and when first (ms). Most refusals are a live worker running
+    /// the notification right now, done in a moment: only one refused for half a liveness
+    /// TTL is worth reading its holder for (a holder is dead a full TTL after it stopped).
+    refused: Mutex<HashMap<(Bytes, Bytes), u64>>,
+    takeovers: AtomicU64,
     /// Leases this process holds: a second local run does not even ask the store.
     local: LocalLease,
 }
 
+/// Refused notifications remembered at most (then forgotten all at once: a refusal is
+/// remembered again at the next scan pass).
+const REFUSED_MAX: usize = 100_000;
+
+/// The lease cell's value for a holder: its id as the liveness registry writes it.
+fn holder_value(id: ClientId) -> Bytes {
+    Bytes::from(format!("{:016x}", id.0))
+}
+
+fn holder_of(value: &[u8]) -> Option<ClientId> {
+    let text = std::str::from_utf8(value).ok()?;
+    u64::from_str_radix(text, 16).ok().map(ClientId)
+}
+
 impl StoreLease {
-    /// `holder` names this process in the lease cells (for people reading the table).
-    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, ttl_ms: u64, holder: &str) -> Self {
+    /// Leases held by the worker `holder`, whose liveness `liveness` tells; other holders'
+    /// liveness is read from the same registry.
+    pub fn new(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        ttl_ms: u64,
+        holder: ClientId,
+        liveness: Liveness,
+    ) -> Self {
         StoreLease {
             store,
             clock,
             ttl_ms: ttl_ms.max(1),
-            holder: Bytes::copy_from_slice(holder.as_bytes()),
+            holder: holder_value(holder),
+            liveness,
+            alive: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
+            takeovers: AtomicU64::new(0),
             local: LocalLease::default(),
         }
+    }
+
+    /// Whether `holder` is dead; a live answer is remembered for a fraction of the TTL.
+    async fn is_dead(&self, holder: ClientId) -> bool {
+        let now = self.clock.now_ms();
+        let remember = (self.liveness.ttl_ms() / 4).max(1);
+        let seen = self.alive.lock().unwrap_or_else(|e| e.into_inner()).get(&holder).copied();
+        if seen.is_some_and(|at| now.saturating_sub(at) < remember) {
+            return false;
+        }
+        match self.liveness.is_alive(holder).await {
+            Ok(true) => {
+                let mut alive = self.alive.lock().unwrap_or_else(|e| e.into_inner());
+                alive.retain(|_, at| now.saturating_sub(*at) < remember);
+                alive.insert(holder, now);
+                false
+            }
+            Ok(false) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "liveness unknown; lease left to its holder");
+                false
+            }
+        }
+    }
+
+    /// Whether `(row, column)` has been refused long enough to look at its holder.
+    fn refused_long(&self, row: &Bytes, column: &Bytes, now: u64) -> bool {
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused.len() >= REFUSED_MAX {
+            refused.clear();
+        }
+        let first = *refused.entry((row.clone(), column.clone())).or_insert(now);
+        now.saturating_sub(first) >= self.liveness.ttl_ms() / 2
+    }
+
+    /// After a refusal: the lease's cell, if its holder is dead.
+    async fn dead_holders_cell(&self, row: &Bytes, col: &Column) -> Option<Ts> {
+        let read = [ColumnRead::newest(col.clone(), TsRange::ALL)];
+        let cells = self.store.read_row(row, &read).await.ok()?;
+        let cell = cells.first()?.first()?;
+        let holder = holder_of(&cell.value)?;
+        self.is_dead(holder).await.then_some(cell.ts)
     }
 }
 
@@ -99,19 +185,39 @@ impl RowLease for StoreLease {
         let now = self.clock.now_ms();
         let expires = Ts(now + self.ttl_ms);
         let col = Column::new(LEASE.name, column.clone());
-        let free = [Condition::NoCellIn { column: col.clone(), range: TsRange::from(Ts(now + 1)) }];
         let take = [
             Mutation::Delete { column: col.clone(), range: TsRange::ALL },
             Mutation::Put { column: col.clone(), ts: expires, value: self.holder.clone() },
         ];
-        match self.store.check_and_mutate(row, &free, &take).await {
-            Ok(true) => {}
-            Ok(false) => return None,
+        let free = [Condition::NoCellIn { column: col.clone(), range: TsRange::from(Ts(now + 1)) }];
+        let taken = match self.store.check_and_mutate(row, &free, &take).await {
+            Ok(true) => true,
+            Ok(false) if !self.refused_long(row, column, now) => false,
+            Ok(false) => match self.dead_holders_cell(row, &col).await {
+                // The holder is dead: take it over, unless someone else just did.
+                Some(ts) => {
+                    let same = [Condition::CellAt { column: col.clone(), ts }];
+                    let over = self.store.check_and_mutate(row, &same, &take).await;
+                    if over.as_ref().is_ok_and(|t| *t) {
+                        self.takeovers.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(row = %row.escape_ascii(), "took over a dead worker's lease");
+                    }
+                    over.unwrap_or(false)
+                }
+                None => false,
+            },
             Err(e) => {
                 tracing::debug!(error = %e, "lease not taken");
-                return None;
+                false
             }
+        };
+        if !taken {
+            return None;
         }
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(row.clone(), column.clone()));
         let store = self.store.clone();
         let row = row.clone();
         Some(LeaseGuard {
@@ -130,6 +236,10 @@ impl RowLease for StoreLease {
                 }
             })),
         })
+    }
+
+    fn takeovers(&self) -> u64 {
+        self.takeovers.load(Ordering::Relaxed)
     }
 }
 
@@ -150,36 +260,99 @@ mod tests {
 
     #[tokio::test]
     async fn store_leases_exclude_other_processes_and_expire() {
-        let store: Arc<dyn Store> =
-            Arc::new(perc_store::MemStore::new(perc_store::Schema::new([LEASE])));
+        let store: Arc<dyn Store> = Arc::new(perc_store::MemStore::new(perc_store::Schema::new([
+            LEASE,
+            perc_txn::liveness::FAMILY,
+        ])));
         let clock = Arc::new(perc_txn::ManualClock::new(1_000_000));
-        let a = StoreLease::new(store.clone(), clock.clone(), 1_000, "a");
-        let b = StoreLease::new(store.clone(), clock.clone(), 1_000, "b");
+        // Liveness for ever: only the lease's own expiry frees it here.
+        let liveness = Liveness::new(store.clone(), clock.clone(), u64::MAX / 2);
+        let lease = |id: u64| {
+            StoreLease::new(store.clone(), clock.clone(), 1_000, ClientId(id), liveness.clone())
+        };
+        let (a, b) = (lease(1), lease(2));
+        for id in [1, 2, 3] {
+            liveness.heartbeat(ClientId(id), Ts(1)).await.unwrap();
+        }
         let (r, c) = (Bytes::from_static(b"r"), Bytes::from_static(b"c"));
         let held = a.try_acquire(&r, &c).await.expect("free");
         assert!(b.try_acquire(&r, &c).await.is_none(), "held by a");
         assert!(a.try_acquire(&r, &c).await.is_none(), "held by a, in this process too");
-        // a dies holding it: after the TTL, b takes it.
+        // a stops holding it without releasing (its process hangs): after the TTL, b takes it.
         std::mem::forget(held);
         clock.advance_ms(999);
         assert!(b.try_acquire(&r, &c).await.is_none(), "not yet expired");
         clock.advance_ms(1);
         let g = b.try_acquire(&r, &Bytes::from_static(b"c")).await.expect("expired");
+        assert_eq!(b.takeovers(), 0, "an expired lease is free, not taken over");
         drop(g);
         // Release is a spawned delete: wait for it through the store itself.
         let col = Column::new(LEASE.name, c.clone());
         loop {
-            let got = store
-                .read_row(&r, &[perc_store::ColumnRead::newest(col.clone(), TsRange::ALL)])
-                .await
-                .unwrap();
-            if got[0].is_empty() {
+            let got = store.read_row(&r, &[ColumnRead::newest(col.clone(), TsRange::ALL)]).await;
+            if got.unwrap()[0].is_empty() {
                 break;
             }
             tokio::task::yield_now().await;
         }
         // (a's own memory still holds it: a "died" by forgetting its guard.)
-        let fresh = StoreLease::new(store.clone(), clock.clone(), 1_000, "fresh");
+        let fresh = lease(3);
         assert!(fresh.try_acquire(&r, &c).await.is_some(), "released");
+    }
+
+    #[tokio::test]
+    async fn a_dead_holders_lease_is_taken_over_before_it_expires() {
+        let store: Arc<dyn Store> = Arc::new(perc_store::MemStore::new(perc_store::Schema::new([
+            LEASE,
+            perc_txn::liveness::FAMILY,
+        ])));
+        let clock = Arc::new(perc_txn::ManualClock::new(1_000_000));
+        let liveness = Liveness::new(store.clone(), clock.clone(), 100);
+        let lease = |id: u64| {
+            StoreLease::new(store.clone(), clock.clone(), 30_000, ClientId(id), liveness.clone())
+        };
+        let (a, b, c) = (lease(1), lease(2), lease(3));
+        for id in [1, 2, 3] {
+            liveness.heartbeat(ClientId(id), Ts(1)).await.unwrap();
+        }
+        let (r, col) = (Bytes::from_static(b"r"), Bytes::from_static(b"c"));
+        std::mem::forget(a.try_acquire(&r, &col).await.expect("free"));
+        assert!(b.try_acquire(&r, &col).await.is_none(), "a is alive");
+        // a is killed: its heartbeat stops; b's and c's go on.
+        clock.advance_ms(101);
+        for id in [2, 3] {
+            liveness.heartbeat(ClientId(id), Ts(1)).await.unwrap();
+        }
+        // b remembered a alive for a quarter of the liveness TTL: 101 ms later it reads again.
+        let held = b.try_acquire(&r, &col).await.expect("a is dead: taken over");
+        assert_eq!(b.takeovers(), 1);
+        // b is alive: c does not take it from b, though it just changed hands.
+        assert!(c.try_acquire(&r, &col).await.is_none(), "b holds it");
+        assert_eq!(c.takeovers(), 0);
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_holder_missing_from_the_registry_counts_as_dead() {
+        let store: Arc<dyn Store> = Arc::new(perc_store::MemStore::new(perc_store::Schema::new([
+            LEASE,
+            perc_txn::liveness::FAMILY,
+        ])));
+        let clock = Arc::new(perc_txn::ManualClock::new(1_000_000));
+        let liveness = Liveness::new(store.clone(), clock.clone(), 5_000);
+        let lease = |id: u64| {
+            StoreLease::new(store.clone(), clock.clone(), 30_000, ClientId(id), liveness.clone())
+        };
+        let (a, b) = (lease(1), lease(2));
+        let (r, col) = (Bytes::from_static(b"r"), Bytes::from_static(b"c"));
+        // a never registered (or deregistered without releasing): b need not wait for the
+        // lease to expire, only for the refusal to last half a liveness TTL.
+        std::mem::forget(a.try_acquire(&r, &col).await.expect("free"));
+        assert!(b.try_acquire(&r, &col).await.is_none(), "refused a first time");
+        clock.advance_ms(2_499);
+        assert!(b.try_acquire(&r, &col).await.is_none(), "refused for less than 2.5 s");
+        clock.advance_ms(1);
+        assert!(b.try_acquire(&r, &col).await.is_some());
+        assert_eq!(b.takeovers(), 1);
     }
 }

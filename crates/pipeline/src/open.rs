@@ -6,7 +6,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use perc_crawl::warc::Recorder;
 use perc_crawl::{
@@ -168,7 +167,8 @@ impl Builder {
                 store.clone(),
                 clock.clone(),
                 config.workers.lease_ttl_ms,
-                &engine_client.id().to_string(),
+                engine_client.id(),
+                engine_client.liveness().clone(),
             )),
         };
         let engine =
@@ -271,7 +271,7 @@ async fn open_bigtable(config: &Config) -> Result<Arc<dyn Store>> {
         Some(addr) => format!("the Bigtable emulator at {addr}"),
         None => format!("Cloud Bigtable ({}/{})", bt.project, bt.instance),
     };
-    let deadline = std::time::Instant::now() + Duration::from_millis(b.connect_for_ms);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(b.connect_for_ms);
     let mut pause_ms = 50;
     let mut said = false;
     loop {
@@ -291,7 +291,7 @@ async fn open_bigtable(config: &Config) -> Result<Arc<dyn Store>> {
                     );
                     said = true;
                 }
-                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
                 pause_ms = (pause_ms * 2).min(1_000);
             }
             Err(e @ perc_bigtable::Error::Unreachable(_)) => {
