@@ -190,7 +190,16 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             say!("error: {e:#}");
-            ExitCode::from(2)
+            match e.downcast_ref::<PipelineError>() {
+                Some(p) if p.is_below() => {
+                    say!(
+                        "perc: what was committed before is intact; run the same command again \
+                         once the store and the oracle answer"
+                    );
+                    ExitCode::from(3)
+                }
+                _ => ExitCode::from(2),
+            }
         }
     }
 }

@@ -414,3 +414,86 @@ fn the_deployment_recipe_runs_as_written_from_any_directory() {
     assert!(got.lines().count() > 80, "{got}");
     assert_eq!(got, std::fs::read_to_string(embedded).unwrap());
 }
+
+#[test]
+fn a_loader_killed_in_its_first_commit_is_rerun_at_once_and_finishes_in_one_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
+    let (_oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
+    let cluster = Cluster { emulator, oracle_addr, table: "loader" };
+    let _worker = cluster.worker();
+    let wget = root().join("fixtures/crawls/wget-demo.warc.gz");
+    let replay = ["--set", "workers.scanners=0", "replay", wget.to_str().unwrap()];
+    // The loader logs each commit's prewrite: it is killed right after its first one, with
+    // its locks in the table and its liveness fresh.
+    let mut doomed = cluster
+        .command(&replay)
+        .env("RUST_LOG", "perc_txn=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = BufReader::new(doomed.stderr.take().unwrap()).lines();
+    assert!(
+        log.any(|l| l.unwrap().contains("prewritten; committing")),
+        "the loader reached its first commit"
+    );
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    // Rerun at once: it waits out the dead loader's locks, says so, and finishes.
+    let rerun = cluster.command(&replay).output().unwrap();
+    let stderr = String::from_utf8_lossy(&rerun.stderr);
+    assert!(rerun.status.success(), "the rerun failed ({}): {stderr}", rerun.status);
+    let golden = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
+    assert_eq!(export(&cluster, tmp.path()), golden);
+    let status = cluster.run(&["status"]);
+    assert!(status.contains("pending notifications:         0"), "{status}");
+}
+
+#[test]
+fn a_loader_that_died_mid_commit_leaves_locks_the_rerun_waits_out_saying_so() {
+    use perc_pipeline::{config, Create, Fetching, Pipeline};
+    let tmp = tempfile::tempdir().unwrap();
+    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
+    let (_oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
+    let cluster = Cluster { emulator, oracle_addr, table: "dead-loader" };
+    let _worker = cluster.worker();
+    let wget = root().join("fixtures/crawls/wget-demo.warc.gz");
+    let liveness = ["--set", "txn.liveness_ttl_ms=3000"];
+    // A loader dies between its prewrite and its commit point: its locks on the rows of the
+    // WARC's first responses stay, and its heartbeat is fresh for 3 s more.
+    let args = cluster.args();
+    let file = Path::new(&args[1]);
+    let sets: Vec<String> = args[2..]
+        .iter()
+        .chain(&liveness.map(String::from))
+        .filter(|a| *a != "--set")
+        .cloned()
+        .collect();
+    let config = config::load(Some(file), &[], &sets).unwrap();
+    let mut urls = Vec::new();
+    perc_crawl::warc::read_each(&wget, 1 << 20, |r| urls.push(r.url.to_string())).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let dead = Pipeline::open(config, Fetching::Offline, Create::IfMissing).await.unwrap();
+        let mut t = dead.client.begin().await.unwrap();
+        for url in &urls[..10] {
+            let row = perc_observers::model::page(url);
+            t.set(row, bytes::Bytes::from_static(b"crawl:raw"), b"half-loaded".to_vec());
+        }
+        let crashed = t.commit_crashing_at(perc_txn::CommitStep::AfterPrewriteAll).await.unwrap();
+        assert!(matches!(crashed, perc_txn::Crashed::BeforeCommitPoint));
+        std::mem::forget(dead); // no deregistration: it died
+    });
+    drop(rt);
+    let replay = ["--set", "workers.scanners=0", "replay", wget.to_str().unwrap()];
+    let rerun = cluster.command(&[&liveness[..], &replay[..]].concat()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&rerun.stderr);
+    assert!(rerun.status.success(), "the rerun failed ({}): {stderr}", rerun.status);
+    assert!(
+        stderr.contains("waiting: lock conflict"),
+        "the rerun says what it waits for: {stderr}"
+    );
+    let golden = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
+    assert_eq!(export(&cluster, tmp.path()), golden);
+}

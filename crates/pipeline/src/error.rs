@@ -27,6 +27,9 @@ pub enum PipelineError {
     /// The configured store, oracle or fetcher cannot be set up.
     #[error("{0}")]
     Setup(String),
+    /// The store or the oracle did not answer within the time allowed for it.
+    #[error("{0}")]
+    Unavailable(String),
     /// Reading or writing a file the caller named.
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
@@ -38,6 +41,19 @@ pub enum PipelineError {
 }
 
 pub type Result<T, E = PipelineError> = std::result::Result<T, E>;
+
+impl PipelineError {
+    /// Whether the failure was below the command (the store or the oracle failed or did not
+    /// answer, a lock did not clear in time) rather than in what it was given: what was
+    /// committed is intact and the same command may succeed later.
+    pub fn is_below(&self) -> bool {
+        match self {
+            PipelineError::Unavailable(_) => true,
+            PipelineError::Txn(t) => !matches!(t, TxnError::Corrupt(_)),
+            _ => false,
+        }
+    }
+}
 
 fn no_store(dir: &str) -> String {
     if dir == crate::MEMORY {

@@ -295,7 +295,7 @@ async fn open_bigtable(config: &Config) -> Result<Arc<dyn Store>> {
                 pause_ms = (pause_ms * 2).min(1_000);
             }
             Err(e @ perc_bigtable::Error::Unreachable(_)) => {
-                return Err(PipelineError::Setup(format!(
+                return Err(PipelineError::Unavailable(format!(
                     "cannot open the Bigtable table {}: {e} (waited {} s: \
                      bigtable.connect_for_ms)",
                     b.table,

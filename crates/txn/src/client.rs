@@ -15,6 +15,9 @@ use crate::{
     ClientId, Clock, Liveness, Retryable, Transaction, TxnConfig, TxnError, Watch, WatchNothing,
 };
 
+/// How long [`Client::retrying`] retries before it says that it is waiting.
+const WAIT_SAID_AFTER_MS: u64 = 1_000;
+
 /// A handle for running transactions: one registered participant (a [`ClientId`] with a
 /// liveness row). Cheap to clone.
 #[derive(Clone)]
@@ -182,17 +185,34 @@ impl Client {
     /// themselves. A live owner's lock is stale, and cleanable, after one lock TTL (or its
     /// owner's liveness TTL once it stops heartbeating); the loop keeps trying for twice their
     /// sum (at least 2 s) and then gives up with the last conflict.
-    pub async fn retrying<T, E: Retryable>(
+    pub async fn retrying<T, E: Retryable + std::fmt::Display>(
         &self,
         mut attempt: impl AsyncFnMut(&Client) -> Result<T, E>,
     ) -> Result<T, E> {
         let c = &self.inner.config;
         let deadline =
             self.inner.clock.now_ms() + 2 * (c.lock_ttl_ms + c.liveness_ttl_ms).max(1_000);
+        let started = self.inner.clock.now_ms();
+        let mut said = false;
         let mut n = 0;
         loop {
             match attempt(self).await {
                 Err(e) if e.is_retryable() && self.inner.clock.now_ms() < deadline => {
+                    // A wait longer than a moment is said, once: a lock of a process that
+                    // died lasts until its liveness lapses, and the user should know why
+                    // nothing happens meanwhile.
+                    let now = self.inner.clock.now_ms();
+                    if !said && now.saturating_sub(started) >= WAIT_SAID_AFTER_MS {
+                        tracing::warn!(
+                            "waiting: {e}; a lock is cleaned once its owner's heartbeat is {} ms \
+                             old (txn.liveness_ttl_ms) or the lock {} ms (txn.lock_ttl_ms); \
+                             trying again for up to {} s",
+                            c.liveness_ttl_ms,
+                            c.lock_ttl_ms,
+                            deadline.saturating_sub(now).div_ceil(1000)
+                        );
+                        said = true;
+                    }
                     let pause = self.backoff_ms(n);
                     n += 1;
                     self.inner.clock.sleep_ms(pause).await;

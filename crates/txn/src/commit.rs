@@ -162,6 +162,7 @@ impl Transaction {
             return Err(err);
         }
         let secondaries: Vec<(Bytes, Vec<CellWrite>)> = checked.into_iter().chain(blind).collect();
+        tracing::debug!(%start_ts, rows = secondaries.len() + 1, "prewritten; committing");
         if crash == Some(CommitStep::AfterPrewriteAll) {
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
