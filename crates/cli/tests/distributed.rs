@@ -497,3 +497,22 @@ fn a_loader_that_died_mid_commit_leaves_locks_the_rerun_waits_out_saying_so() {
     let golden = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
     assert_eq!(export(&cluster, tmp.path()), golden);
 }
+
+#[test]
+fn an_unreachable_table_is_waited_for_saying_so_then_exits_3() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let out = Command::new(PERC)
+        .arg("--config")
+        .arg(root().join("config/bigtable.toml"))
+        .args(["--set", &format!("bigtable.emulator={addr}")])
+        .args(["--set", "bigtable.connect_for_ms=300"])
+        .args(["oracle", "--listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains(&format!("waiting for the Bigtable emulator at {addr}")), "{stderr}");
+    assert!(stderr.contains("bigtable.connect_for_ms"), "{stderr}");
+    assert!(stderr.contains("run the same command again"), "{stderr}");
+}
