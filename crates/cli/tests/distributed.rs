@@ -516,3 +516,31 @@ fn an_unreachable_table_is_waited_for_saying_so_then_exits_3() {
     assert!(stderr.contains("bigtable.connect_for_ms"), "{stderr}");
     assert!(stderr.contains("run the same command again"), "{stderr}");
 }
+
+#[test]
+fn a_loader_with_no_live_worker_says_so_and_finishes_once_one_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
+    let (_oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
+    let cluster = Cluster { emulator, oracle_addr, table: "nobody" };
+    let wget = root().join("fixtures/crawls/wget-demo.warc.gz");
+    let mut loader = Proc(
+        cluster
+            .command(&["--set", "workers.scanners=0", "replay", wget.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut log = BufReader::new(loader.0.stderr.take().unwrap()).lines();
+    let said = log.by_ref().map(Result::unwrap).find(|l| l.contains("no worker is alive"));
+    let said = said.expect("the loader says that nobody works");
+    assert!(said.contains("perc --config FILE worker"), "it says how to start one: {said}");
+    let _worker = cluster.worker();
+    let rest: Vec<String> = log.map(Result::unwrap).collect();
+    let status = loader.0.wait().unwrap();
+    assert!(status.success(), "the loader failed: {rest:?}");
+    assert!(rest.iter().any(|l| l.contains("worker(s) alive now")), "{rest:?}");
+    let golden = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
+    assert_eq!(export(&cluster, tmp.path()), golden);
+}

@@ -76,6 +76,8 @@ impl Workers {
     /// `handle`.
     pub fn start(engine: Arc<Engine>, handle: &Handle) -> Workers {
         let config = engine.config().clone();
+        // Published with the first heartbeat, below: other processes see who works.
+        engine.client().set_scanners(config.scanners as u32);
         let shared = Arc::new(Shared {
             permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
             positions: Mutex::new(vec![Bytes::new(); config.scanners]),

@@ -62,6 +62,7 @@ impl Pipeline {
         };
         let mut interrupted = false;
         let mut failed = None;
+        let mut nobody = Nobody::default();
         {
             let wait = workers.wait();
             tokio::pin!(wait);
@@ -70,6 +71,9 @@ impl Pipeline {
                     r = &mut wait => { failed = r.err(); break; }
                     _ = stop.cancelled() => { interrupted = true; break; }
                     _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                        if self.config.workers.scanners == 0 {
+                            self.check_somebody_works(&mut nobody).await;
+                        }
                         if let Some(b) = &bar {
                             let s = summarize(&self.engine.stats());
                             let pending = self.engine.pending_count(100_000).await.unwrap_or(0);
@@ -94,6 +98,44 @@ impl Pipeline {
             return Err(PipelineError::Interrupted);
         }
         Ok(RunSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
+    }
+
+    /// For a process that only watches (`workers.scanners = 0`): says so, once, when
+    /// notifications wait and no process that runs observers has been alive for
+    /// [`NOBODY_SAID_AFTER`], and again when one is.
+    async fn check_somebody_works(&self, nobody: &mut Nobody) {
+        let now = Instant::now();
+        if nobody.checked.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+            return;
+        }
+        nobody.checked = Some(now);
+        let working = match self.client.liveness().workers().await {
+            Ok(all) => all.iter().filter(|(w, alive)| *alive && w.scanners > 0).count(),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the liveness registry");
+                return;
+            }
+        };
+        if working > 0 {
+            if nobody.said {
+                tracing::warn!("{working} worker(s) alive now; waiting for them to finish");
+            }
+            *nobody = Nobody { checked: nobody.checked, ..Nobody::default() };
+            return;
+        }
+        let since = *nobody.since.get_or_insert(now);
+        if !nobody.said && now.duration_since(since) >= NOBODY_SAID_AFTER {
+            let pending = self.engine.has_pending().await.unwrap_or(true);
+            if pending {
+                tracing::warn!(
+                    "notifications are waiting, but no worker is alive on this store, and this \
+                     process only watches (workers.scanners = 0): start one with `perc \
+                     --config FILE worker`, or run this command without workers.scanners = 0 \
+                     to do the work here"
+                );
+                nobody.said = true;
+            }
+        }
     }
 
     /// Adds this run's counters to the ones stored (shown by `perc status`). Processes
@@ -131,6 +173,19 @@ impl Pipeline {
         self.store.sync().await?;
         Ok(())
     }
+}
+
+/// How long a watching process waits, with notifications pending and no worker alive,
+/// before it says so.
+const NOBODY_SAID_AFTER: Duration = Duration::from_secs(3);
+
+/// What [`Pipeline::check_somebody_works`] remembers between looks.
+#[derive(Default)]
+struct Nobody {
+    checked: Option<Instant>,
+    /// Since when nobody works.
+    since: Option<Instant>,
+    said: bool,
 }
 
 /// Responses a replay loads per transaction batch.

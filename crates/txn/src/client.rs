@@ -3,7 +3,7 @@
 //! none of its transactions will read, and retries whole transactions on conflict.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use perc_oracle::Oracle;
@@ -34,6 +34,10 @@ pub(crate) struct Inner {
     pub(crate) config: TxnConfig,
     pub(crate) watch: Arc<dyn Watch>,
     pub(crate) last_heartbeat_ms: AtomicU64,
+    /// When this client registered (wall ms), and the notification scanners it runs: both
+    /// published with its heartbeat.
+    pub(crate) started_ms: u64,
+    pub(crate) scanners: AtomicU32,
     /// Start timestamps of this worker's open transactions (a multiset), and the newest
     /// timestamp it has received: together they bound from below every start_ts this worker
     /// will ever use (its low watermark).
@@ -72,6 +76,8 @@ impl Client {
         Ok(Client {
             inner: Arc::new(Inner {
                 last_heartbeat_ms: AtomicU64::new(clock.now_ms()),
+                started_ms: clock.now_ms(),
+                scanners: AtomicU32::new(0),
                 store,
                 oracle,
                 clock,
@@ -114,9 +120,17 @@ impl Client {
         // put its placeholder in `active`, so the minimum below accounts for it.
         let fresh = self.inner.oracle.next().await?;
         self.inner.last_seen_ts.fetch_max(fresh.0, Ordering::SeqCst);
-        self.inner.liveness.heartbeat(self.inner.id, self.low_watermark()).await?;
+        let i = &self.inner;
+        let scanners = i.scanners.load(Ordering::Relaxed);
+        i.liveness.heartbeat_with(i.id, self.low_watermark(), i.started_ms, scanners).await?;
         self.inner.last_heartbeat_ms.store(now, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Publishes, from the next heartbeat on, that this client runs `n` notification scanners
+    /// (others look for one to know whether anybody works).
+    pub fn set_scanners(&self, n: u32) {
+        self.inner.scanners.store(n, Ordering::Relaxed);
     }
 
     /// No transaction of this worker, open or future, has a start_ts below this.
