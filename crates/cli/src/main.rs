@@ -1,7 +1,7 @@
 //! `perc`: the binary. Arguments parse once into a validated configuration; the library
 //! crates do the work; only this crate prints.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -163,12 +163,21 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // sled's own error lines repeat what reaches perc as an error value. The long-running
+    // servers say at info what an operator watches (rates, backlog, takeovers, epochs).
+    let default_filter = match cli.command {
+        Command::Worker | Command::Oracle { .. } => {
+            "warn,sled=off,perc=info,perc_pipeline=info,perc_notify=info,perc_oracle=info"
+        }
+        _ => "warn,sled=off",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            // sled's own error lines repeat what reaches perc as an error value.
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,sled=off".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
+        // Colours for a person at a terminal, never escape codes in a log file.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         // A log line that cannot be written (stderr closed) is dropped; reporting that on
         // stderr would panic the task that logged.
@@ -705,18 +714,58 @@ async fn status(app: &Pipeline) -> Result<()> {
     }
     out!("URLs waiting to be fetched:    {}", r.waiting);
     out!("pending notifications:         {}", st.pending);
+    if st.locks > 0 {
+        out!(
+            "open locks:                    {} (commits in flight, or left by a process that \
+             died: the next reader resolves them)",
+            st.locks
+        );
+    }
+    let oracle = &st.oracle;
+    match st.oracle_server.as_str() {
+        "" => out!(
+            "oracle:                        in this process, {} timestamps reserved",
+            oracle.reserved_to
+        ),
+        server => out!(
+            "oracle:                        {server}, epoch {}, {} timestamps reserved",
+            oracle.epoch,
+            oracle.reserved_to
+        ),
+    }
+    if !st.workers.is_empty() {
+        let alive = st.workers.iter().filter(|w| w.alive).count();
+        out!("\nprocesses on this store ({alive} alive):");
+        for w in &st.workers {
+            out!(
+                "  {:<24} {:<5} up {:>8}  heartbeat {:>8} ago  {} scanner(s)  {} lease(s)",
+                w.worker.to_string(),
+                if w.alive { "alive" } else { "dead" },
+                duration(w.age_ms),
+                duration(w.heartbeat_age_ms),
+                w.scanners,
+                w.leases
+            );
+        }
+    }
     out!(
-        "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9}",
         "observer",
         "runs",
         "commits",
         "skipped",
         "conflicts",
         "failures",
-        "parked"
+        "parked",
+        "pending"
     );
-    for (name, [runs, commits, skipped, conflicts, failures, parked]) in &st.counters {
-        out!("{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7}");
+    let mut names: std::collections::BTreeSet<&String> = st.counters.keys().collect();
+    names.extend(st.pending_by_observer.keys());
+    for name in names {
+        let [runs, commits, skipped, conflicts, failures, parked] =
+            st.counters.get(name).copied().unwrap_or_default();
+        let pending = st.pending_by_observer.get(name).copied().unwrap_or(0);
+        out!("{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7} {pending:>9}");
     }
     if !st.parked.is_empty() {
         out!("\nparked notifications ({}):", st.parked.len());
@@ -725,6 +774,16 @@ async fn status(app: &Pipeline) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A duration for people: 850ms, 12.3s, 4m05s, 2h10m.
+fn duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
 }
 
 fn generate(

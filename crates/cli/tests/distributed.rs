@@ -53,6 +53,7 @@ impl Cluster {
             "workers.idle_ms=5".to_string(),
             "workers.gather_ms=10".to_string(),
             "workers.gc_interval_ms=0".to_string(),
+            "workers.report_ms=200".to_string(),
         ] {
             a.push("--set".into());
             a.push(set);
@@ -247,6 +248,21 @@ fn three_workers_on_bigtable_replay_to_the_embedded_export() {
     fixture.run(&["--set", "workers.scanners=0", "replay", wget.to_str().unwrap()]);
     let golden = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
     assert_eq!(export(&fixture, tmp.path()), golden);
+    // While the workers run: they are listed, alive, with their scanners; the oracle with
+    // its address and epoch; their counters as they saved them (every 200 ms here).
+    let pages = golden.lines().count();
+    let status = (0..100)
+        .map(|_| fixture.run(&["status"]))
+        .find(|s| observer_commits(s, "parse") >= pages)
+        .expect("the workers' counters reach the store while they run");
+    assert!(status.contains("processes on this store (3 alive):"), "{status}");
+    assert_eq!(status.matches(" alive ").count(), 3, "{status}");
+    assert_eq!(status.matches("2 scanner(s)").count(), 3, "{status}");
+    // (The oracle keeps its mark in its own table, "perc", not in this one.)
+    let oracle = format!("oracle:                        {}, epoch ", fixture.oracle_addr);
+    assert!(status.contains(&oracle), "{status}");
+    assert!(status.contains("pending notifications:         0"), "{status}");
+    assert!(!status.contains("open locks"), "{status}");
     drop(workers);
 
     // A bigger crawl's WARC, on a table of its own.
@@ -398,6 +414,9 @@ fn the_deployment_recipe_runs_as_written_from_any_directory() {
     assert!(out.status.success(), "the recipe failed: {stderr}\n{stdout}");
     assert!(stdout.contains("pages indexed"), "{stdout}");
     assert!(stdout.contains("pending notifications:         0"), "{stdout}");
+    // The status the recipe printed names the three workers and the oracle with its epoch.
+    assert!(stdout.contains("processes on this store (3 alive):"), "{stdout}");
+    assert!(stdout.contains(", epoch 1, "), "{stdout}");
     // The same WARC replayed embedded gives the same export.
     let data = tmp.path().join("embedded");
     let warc = tmp.path().join("demo.warc.gz");
@@ -540,7 +559,15 @@ fn a_loader_with_no_live_worker_says_so_and_finishes_once_one_starts() {
     let rest: Vec<String> = log.map(Result::unwrap).collect();
     let status = loader.0.wait().unwrap();
     assert!(status.success(), "the loader failed: {rest:?}");
-    assert!(rest.iter().any(|l| l.contains("worker(s) alive now")), "{rest:?}");
     let golden = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
     assert_eq!(export(&cluster, tmp.path()), golden);
+}
+
+/// The commits of `observer` in a `perc status` table.
+fn observer_commits(status: &str, observer: &str) -> usize {
+    status
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(observer))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .map_or(0, |n| n.parse().unwrap())
 }

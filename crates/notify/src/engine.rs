@@ -315,6 +315,25 @@ impl Engine {
         Ok(collapse(self.store().scan(&scan).await?).len())
     }
 
+    /// Distinct pending notifications by the observer they wait for (a column no observer
+    /// watches: under its column's name), counting at most `limit` notify cells.
+    pub async fn pending_by_observer(
+        &self,
+        limit: usize,
+    ) -> Result<std::collections::BTreeMap<String, usize>, TxnError> {
+        let scan =
+            Scan { family: actions::NOTIFY.name, start: Bytes::new(), end: Bytes::new(), limit };
+        let mut by = std::collections::BTreeMap::new();
+        for p in collapse(self.store().scan(&scan).await?) {
+            let name = match self.registry.get(&p.column) {
+                Some(reg) => reg.name.to_string(),
+                None => p.column.escape_ascii().to_string(),
+            };
+            *by.entry(name).or_default() += 1;
+        }
+        Ok(by)
+    }
+
     /// Processes one notification: see the module docs.
     pub async fn process(&self, p: &Pending) -> Result<RunOutcome, TxnError> {
         let Some(reg) = self.registry.get(&p.column) else {

@@ -178,6 +178,26 @@ impl StoreLease {
     }
 }
 
+/// Unexpired store leases by holder (for `perc status`): one scan of the lease family.
+pub async fn leases_by_holder(
+    store: &dyn Store,
+    now_ms: u64,
+) -> perc_store::Result<std::collections::BTreeMap<ClientId, usize>> {
+    let scan = perc_store::Scan {
+        family: LEASE.name,
+        start: Bytes::new(),
+        end: Bytes::new(),
+        limit: usize::MAX,
+    };
+    let mut by = std::collections::BTreeMap::new();
+    for cell in store.scan(&scan).await? {
+        if let Some(holder) = holder_of(&cell.value).filter(|_| cell.ts.0 > now_ms) {
+            *by.entry(holder).or_default() += 1;
+        }
+    }
+    Ok(by)
+}
+
 #[async_trait]
 impl RowLease for StoreLease {
     async fn try_acquire(&self, row: &Bytes, column: &Bytes) -> Option<LeaseGuard> {

@@ -81,8 +81,12 @@ pub struct NotifyConfig {
     /// arriving for it collapse into one run; 0 runs every notification at once. An idle
     /// worker never waits: a lone update is not delayed.
     pub gather_ms: u64,
-    /// Expiry of a lease taken in the store ([`StoreLease`]), should its worker die.
+    /// Expiry of a lease taken in the store ([`StoreLease`]), should its worker be stuck (a
+    /// dead worker's leases are taken over once its liveness lapses).
     pub lease_ttl_ms: u64,
+    /// How often a running process saves its counters to the store and logs its rate,
+    /// backlog, conflicts and lease takeovers; 0: only when it stops.
+    pub report_ms: u64,
     /// Garbage collection interval; 0 turns the background collector off.
     pub gc_interval_ms: u64,
     /// Seed of the scanners' random starts.
@@ -102,6 +106,7 @@ impl Default for NotifyConfig {
             idle_max_ms: 1000,
             gather_ms: 500,
             lease_ttl_ms: 30_000,
+            report_ms: 10_000,
             gc_interval_ms: 60_000,
             seed: 0x0b5e,
         }

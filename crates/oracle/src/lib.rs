@@ -120,6 +120,20 @@ async fn read_mark(store: &dyn Store) -> Result<(u64, u64, Option<Ts>), OracleEr
     })
 }
 
+/// The oracle's state as its store holds it, for `perc status`: the epoch of the newest
+/// oracle opened on the store (0: none since fencing) and the timestamps reserved so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoredMark {
+    pub epoch: u64,
+    pub reserved_to: u64,
+}
+
+/// Reads the [`StoredMark`] of `store`.
+pub async fn stored_mark(store: &dyn Store) -> Result<StoredMark, OracleError> {
+    let (reserved_to, epoch, _) = read_mark(store).await?;
+    Ok(StoredMark { epoch, reserved_to })
+}
+
 /// Replaces the mark whose cell is at `current` (`None`: no mark yet) with `hwm` for
 /// `epoch`, if it is still the newest; whether it was.
 async fn write_mark(

@@ -236,6 +236,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("workers.failure_backoff_ms", 0, i64::MAX),
     ("workers.idle_ms", 1, i64::MAX),
     ("workers.idle_max_ms", 1, i64::MAX),
+    ("workers.report_ms", 0, i64::MAX),
     ("workers.gather_ms", 0, i64::MAX),
     ("workers.lease_ttl_ms", 100, i64::MAX),
     ("workers.gc_interval_ms", 0, i64::MAX),

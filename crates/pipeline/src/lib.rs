@@ -13,7 +13,7 @@ pub mod diff;
 mod error;
 mod open;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +39,8 @@ pub struct Pipeline {
     pub client: Client,
     pub engine: Arc<Engine>,
     pub config: Config,
+    /// This process's counters as far as they have been added to the stored ones.
+    saved: std::sync::Mutex<StoredStats>,
 }
 
 impl Pipeline {
@@ -63,6 +65,10 @@ impl Pipeline {
         let mut interrupted = false;
         let mut failed = None;
         let mut nobody = Nobody::default();
+        let mut last = Reported::new(&self.engine);
+        // `perc wait`, and a loader whose work other processes do, wait on others.
+        let watching = what == "wait" || self.config.workers.scanners == 0;
+        let mut backlog_said = Instant::now();
         {
             let wait = workers.wait();
             tokio::pin!(wait);
@@ -74,11 +80,21 @@ impl Pipeline {
                         if self.config.workers.scanners == 0 {
                             self.check_somebody_works(&mut nobody).await;
                         }
+                        let every = self.config.workers.report_ms;
+                        if every > 0 && last.at.elapsed() >= Duration::from_millis(every) {
+                            self.report(&mut last).await;
+                        }
                         if let Some(b) = &bar {
                             let s = summarize(&self.engine.stats());
-                            let pending = self.engine.pending_count(100_000).await.unwrap_or(0);
+                            let backlog = self.backlog().await;
                             let rate = s.fetched as f64 / started.elapsed().as_secs_f64().max(0.001);
-                            b.set_message(format!("{what}: {} fetched, {} parsed, {pending} notifications pending, {rate:.1} pages/s", s.fetched, s.parsed));
+                            b.set_message(format!("{what}: {backlog}; here {} fetched, {} parsed, {rate:.1} pages/s", s.fetched, s.parsed));
+                        } else if watching && backlog_said.elapsed() >= BACKLOG_LINE_EVERY {
+                            // Off a terminal, a process waiting on others says what it waits
+                            // for now and then (a closed stderr is no reason to stop).
+                            backlog_said = Instant::now();
+                            let backlog = self.backlog().await;
+                            let _ = writeln!(std::io::stderr(), "perc {what}: {backlog}");
                         }
                     }
                 }
@@ -138,21 +154,41 @@ impl Pipeline {
         }
     }
 
-    /// Adds this run's counters to the ones stored (shown by `perc status`). Processes
-    /// sharing a store add theirs concurrently: a conflict is retried.
+    /// Adds this process's counters, as far as not added before, to the ones stored (shown
+    /// by `perc status`). Processes sharing a store add theirs concurrently: a conflict is
+    /// retried.
     pub async fn save_stats(&self) -> Result<()> {
-        Ok(self.client.retrying(async |_| self.try_save_stats().await).await?)
+        let now: StoredStats = self
+            .engine
+            .stats()
+            .into_iter()
+            .map(|s| (s.name, [s.runs, s.commits, s.skipped, s.conflicts, s.failures, s.parked]))
+            .collect();
+        let delta: StoredStats = {
+            let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+            now.iter()
+                .map(|(name, counts)| {
+                    let before = saved.get(name).copied().unwrap_or_default();
+                    (name.clone(), std::array::from_fn(|i| counts[i].saturating_sub(before[i])))
+                })
+                .filter(|(_, d): &(String, [u64; 6])| d.iter().any(|n| *n > 0))
+                .collect()
+        };
+        if delta.is_empty() {
+            return Ok(());
+        }
+        self.client.retrying(async |_| self.try_save_stats(&delta).await).await?;
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = now;
+        Ok(())
     }
 
-    async fn try_save_stats(&self) -> Result<(), perc_txn::TxnError> {
+    async fn try_save_stats(&self, delta: &StoredStats) -> Result<(), perc_txn::TxnError> {
         let mut t = self.client.begin().await?;
         // A counter record that cannot be read starts over rather than stopping the run.
         let mut all = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?).unwrap_or_default();
-        for s in self.engine.stats() {
-            let e = all.entry(s.name.clone()).or_default();
-            for (slot, add) in
-                e.iter_mut().zip([s.runs, s.commits, s.skipped, s.conflicts, s.failures, s.parked])
-            {
+        for (name, add) in delta {
+            let e = all.entry(name.clone()).or_default();
+            for (slot, add) in e.iter_mut().zip(add) {
                 *slot += add;
             }
         }
@@ -172,6 +208,32 @@ impl Pipeline {
         // Everything the observers committed without a flush is made durable before exit.
         self.store.sync().await?;
         Ok(())
+    }
+}
+
+/// Pending notifications a report counts at most (each look is a scan).
+const BACKLOG_COUNTED: usize = 100_000;
+
+/// How often a process that waits on others says, off a terminal, what it waits for.
+const BACKLOG_LINE_EVERY: Duration = Duration::from_secs(5);
+
+/// A process's totals at one moment, for the periodic report.
+struct Reported {
+    at: Instant,
+    runs: u64,
+    conflicts: u64,
+    takeovers: u64,
+}
+
+impl Reported {
+    fn new(engine: &Engine) -> Reported {
+        let stats = engine.stats();
+        Reported {
+            at: Instant::now(),
+            runs: stats.iter().map(|s| s.runs).sum(),
+            conflicts: stats.iter().map(|s| s.conflicts).sum(),
+            takeovers: engine.lease_takeovers(),
+        }
     }
 }
 
@@ -249,9 +311,34 @@ pub struct Refetched {
 pub struct Status {
     pub report: Report,
     pub pending: usize,
-    /// Every run's counters so far, per observer.
+    /// The pending notifications by the observer they wait for.
+    pub pending_by_observer: std::collections::BTreeMap<String, usize>,
+    /// Locks in the store: transactions committing now, or left by a process that died (the
+    /// next reader or writer of their rows resolves them).
+    pub locks: usize,
+    /// Every run's counters so far, per observer (workers add theirs as they go).
     pub counters: StoredStats,
     pub parked: Vec<FailedEntry>,
+    /// Processes registered in the store's liveness registry, this one's clients left out.
+    pub workers: Vec<WorkerStatus>,
+    /// The `perc oracle` server's address (empty: the oracle runs in each process).
+    pub oracle_server: String,
+    pub oracle: perc_oracle::StoredMark,
+}
+
+/// A process registered in the liveness registry, as `perc status` shows it.
+#[derive(Clone, Debug)]
+pub struct WorkerStatus {
+    /// The process, named by its main client (the one that runs its observers).
+    pub worker: perc_txn::ClientId,
+    pub alive: bool,
+    /// Since it registered, and since its last heartbeat (ms).
+    pub age_ms: u64,
+    pub heartbeat_age_ms: u64,
+    /// Notification scanners it runs (0: a loader or a query that only watches).
+    pub scanners: u32,
+    /// Leases it holds now (distributed mode).
+    pub leases: usize,
 }
 
 impl Pipeline {
@@ -364,12 +451,59 @@ impl Pipeline {
         Ok(lines)
     }
 
-    /// Runs the observers until `stop` (`perc worker`), then saves the counters.
+    /// Runs the observers until `stop` (`perc worker`), reporting every
+    /// `workers.report_ms`, then saves the counters.
     pub async fn work(&self, stop: &CancellationToken) -> Result<()> {
         let workers = Workers::start(self.engine.clone(), &tokio::runtime::Handle::current());
-        stop.cancelled().await;
+        let mut last = Reported::new(&self.engine);
+        let every = self.config.workers.report_ms;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_millis(every)), if every > 0 => {
+                    self.report(&mut last).await;
+                }
+            }
+        }
         workers.shutdown().await;
         self.save_stats().await
+    }
+
+    /// "N notifications pending (parse 3, export 10)", counting up to [`BACKLOG_COUNTED`].
+    async fn backlog(&self) -> String {
+        match self.engine.pending_by_observer(BACKLOG_COUNTED).await {
+            Ok(by) if by.is_empty() => "no notification pending".into(),
+            Ok(by) => {
+                let each: Vec<String> = by.iter().map(|(name, n)| format!("{name} {n}")).collect();
+                let total: usize = by.values().sum();
+                format!("{total} notifications pending ({})", each.join(", "))
+            }
+            Err(e) => format!("pending notifications unknown ({e})"),
+        }
+    }
+
+    /// Saves the counters and logs, at info, what this process did since `last`.
+    async fn report(&self, last: &mut Reported) {
+        if let Err(e) = self.save_stats().await {
+            tracing::warn!(error = %e, "cannot save the observer counters");
+        }
+        let now = Reported::new(&self.engine);
+        let secs = now.at.duration_since(last.at).as_secs_f64().max(0.001);
+        let backlog = self.engine.pending_count(BACKLOG_COUNTED).await;
+        let backlog = match backlog {
+            Ok(n) if n >= BACKLOG_COUNTED => format!("{n}+"),
+            Ok(n) => n.to_string(),
+            Err(e) => format!("unknown ({e})"),
+        };
+        tracing::info!(
+            "{:.1} runs/s ({} runs, {} conflicts, {} leases taken over from dead workers in \
+             {secs:.0} s); {backlog} notifications pending",
+            (now.runs - last.runs) as f64 / secs,
+            now.runs - last.runs,
+            now.conflicts - last.conflicts,
+            now.takeovers - last.takeovers,
+        );
+        *last = now;
     }
 
     /// This process's worker id, as other processes see it in locks and leases.
@@ -381,11 +515,57 @@ impl Pipeline {
     /// notifications.
     pub async fn status(&self) -> Result<Status> {
         let report = perc_observers::report(&self.client, &[]).await?;
-        let pending = self.engine.pending_count(1_000_000).await?;
+        let pending_by_observer = self.engine.pending_by_observer(1_000_000).await?;
+        let pending = pending_by_observer.values().sum();
         let t = self.client.begin().await?;
         let counters = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?)?;
         let parked = self.engine.failed_list().await?;
-        Ok(Status { report, pending, counters, parked })
+        let locks = self
+            .store
+            .scan(&perc_store::Scan {
+                family: perc_txn::actions::LOCK.name,
+                start: Bytes::new(),
+                end: Bytes::new(),
+                limit: 1_000_000,
+            })
+            .await?
+            .len();
+        let now = self.client.clock().now_ms();
+        let leases = perc_notify::lease::leases_by_holder(self.store.as_ref(), now).await?;
+        // A process registers more than one client: one line a process, this one left out.
+        let me = self.engine.client().id();
+        let mut by_process = std::collections::BTreeMap::<perc_txn::ClientId, WorkerStatus>::new();
+        for (w, alive) in self.client.liveness().workers().await? {
+            if w.process == me || w.worker == self.client.id() {
+                continue;
+            }
+            let p = by_process.entry(w.process).or_insert(WorkerStatus {
+                worker: w.process,
+                alive: false,
+                age_ms: 0,
+                heartbeat_age_ms: u64::MAX,
+                scanners: 0,
+                leases: 0,
+            });
+            p.alive |= alive;
+            p.age_ms = p.age_ms.max(now.saturating_sub(w.started_ms));
+            p.heartbeat_age_ms = p.heartbeat_age_ms.min(now.saturating_sub(w.heartbeat_ms));
+            p.scanners = p.scanners.max(w.scanners);
+            p.leases += leases.get(&w.worker).copied().unwrap_or(0);
+        }
+        let workers = by_process.into_values().collect();
+        let oracle = perc_oracle::stored_mark(self.store.as_ref()).await?;
+        Ok(Status {
+            report,
+            pending,
+            pending_by_observer,
+            locks,
+            counters,
+            parked,
+            workers,
+            oracle_server: self.config.oracle.server.clone(),
+            oracle,
+        })
     }
 }
 

@@ -160,6 +160,9 @@ impl Builder {
                 .await?;
         let client =
             client_for(store.clone(), oracle, clock.clone(), txn, registry.clone()).await?;
+        // One process, two clients: the registry shows them as the engine's process.
+        client.set_process(engine_client.id());
+        client.heartbeat().await?;
         // Many processes share a Bigtable table: they lease notifications in the store.
         let lease: Arc<dyn RowLease> = match config.store.backend {
             Backend::Sled | Backend::Memory => Arc::new(perc_notify::LocalLease::default()),
@@ -174,7 +177,7 @@ impl Builder {
         let engine =
             Arc::new(Engine::with_lease(engine_client, registry, config.workers.clone(), lease));
         engine.load_parked().await?;
-        Ok(Pipeline { store, client, engine, config })
+        Ok(Pipeline { store, client, engine, config, saved: Default::default() })
     }
 }
 

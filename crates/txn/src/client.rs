@@ -38,6 +38,8 @@ pub(crate) struct Inner {
     /// published with its heartbeat.
     pub(crate) started_ms: u64,
     pub(crate) scanners: AtomicU32,
+    /// The process this client belongs to (its main client's id; its own by default).
+    pub(crate) process: AtomicU64,
     /// Start timestamps of this worker's open transactions (a multiset), and the newest
     /// timestamp it has received: together they bound from below every start_ts this worker
     /// will ever use (its low watermark).
@@ -78,6 +80,7 @@ impl Client {
                 last_heartbeat_ms: AtomicU64::new(clock.now_ms()),
                 started_ms: clock.now_ms(),
                 scanners: AtomicU32::new(0),
+                process: AtomicU64::new(id.0),
                 store,
                 oracle,
                 clock,
@@ -121,8 +124,12 @@ impl Client {
         let fresh = self.inner.oracle.next().await?;
         self.inner.last_seen_ts.fetch_max(fresh.0, Ordering::SeqCst);
         let i = &self.inner;
-        let scanners = i.scanners.load(Ordering::Relaxed);
-        i.liveness.heartbeat_with(i.id, self.low_watermark(), i.started_ms, scanners).await?;
+        let about = crate::liveness::About {
+            started_ms: i.started_ms,
+            scanners: i.scanners.load(Ordering::Relaxed),
+            process: ClientId(i.process.load(Ordering::Relaxed)),
+        };
+        i.liveness.heartbeat_with(i.id, self.low_watermark(), about).await?;
         self.inner.last_heartbeat_ms.store(now, Ordering::Relaxed);
         Ok(())
     }
@@ -131,6 +138,12 @@ impl Client {
     /// (others look for one to know whether anybody works).
     pub fn set_scanners(&self, n: u32) {
         self.inner.scanners.store(n, Ordering::Relaxed);
+    }
+
+    /// Publishes, from the next heartbeat on, that this client belongs to the process whose
+    /// main client is `process` (`perc status` shows a process once).
+    pub fn set_process(&self, process: ClientId) {
+        self.inner.process.store(process.0, Ordering::Relaxed);
     }
 
     /// No transaction of this worker, open or future, has a start_ts below this.

@@ -9,12 +9,14 @@
 //! up. Garbage collection reads every live worker's low watermark: versions that only
 //! transactions below the smallest one could read are garbage.
 //!
-//! Beside them the row says, for people and for `perc status`, when the worker started and
-//! how many notification scanners it runs (0: a process that only loads or queries).
+//! Beside them the row says, for people and for `perc status`, when the worker started, how
+//! many notification scanners it runs (0: it only loads or queries), and the process it
+//! belongs to (the id of that process's main client: a process registers more than one).
 //!
 //! ```text
 //!   family "worker"   row "000000000000002a"
 //!   heartbeat@0 = wall_ms (8 B) ++ low_watermark (8 B) ++ started_ms (8 B) ++ scanners (4 B)
+//!                 ++ process (8 B)
 //! ```
 //!
 //! (A row of 16 bytes, from an older perc, reads as started at its heartbeat, no scanners.)
@@ -50,6 +52,17 @@ pub struct WorkerEntry {
     pub started_ms: u64,
     /// Notification scanners it runs: 0 for a process that only loads or queries.
     pub scanners: u32,
+    /// The process it belongs to, named by that process's main client.
+    pub process: ClientId,
+}
+
+/// What a heartbeat says of its worker besides its liveness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct About {
+    /// When it registered (wall ms).
+    pub started_ms: u64,
+    pub scanners: u32,
+    pub process: ClientId,
 }
 
 #[derive(Clone)]
@@ -60,16 +73,23 @@ pub struct Liveness {
 }
 
 fn decode(worker: ClientId, raw: &[u8]) -> Result<WorkerEntry, TxnError> {
-    if raw.len() != 16 && raw.len() != 28 {
+    if raw.len() != 16 && raw.len() != 36 {
         return Err(TxnError::Corrupt(format!("heartbeat of {worker}: {} bytes", raw.len())));
     }
     let u64_at = |i: usize| u64::from_be_bytes(raw[i..i + 8].try_into().unwrap());
     let heartbeat_ms = u64_at(0);
-    let (started_ms, scanners) = match raw.len() {
-        28 => (u64_at(16), u32::from_be_bytes(raw[24..28].try_into().unwrap())),
-        _ => (heartbeat_ms, 0),
+    let (started_ms, scanners, process) = match raw.len() {
+        36 => (u64_at(16), u32::from_be_bytes(raw[24..28].try_into().unwrap()), u64_at(28)),
+        _ => (heartbeat_ms, 0, worker.0),
     };
-    Ok(WorkerEntry { worker, heartbeat_ms, low_watermark: Ts(u64_at(8)), started_ms, scanners })
+    Ok(WorkerEntry {
+        worker,
+        heartbeat_ms,
+        low_watermark: Ts(u64_at(8)),
+        started_ms,
+        scanners,
+        process: ClientId(process),
+    })
 }
 
 impl Liveness {
@@ -82,26 +102,26 @@ impl Liveness {
     }
 
     /// Writes `worker`'s heartbeat at the current wall time, with its low watermark, as a
-    /// worker that started now and runs no scanners.
+    /// process of its own that started now and runs no scanners.
     pub async fn heartbeat(&self, worker: ClientId, low_watermark: Ts) -> Result<(), TxnError> {
-        self.heartbeat_with(worker, low_watermark, self.clock.now_ms(), 0).await
+        let about = About { started_ms: self.clock.now_ms(), scanners: 0, process: worker };
+        self.heartbeat_with(worker, low_watermark, about).await
     }
 
-    /// Writes `worker`'s heartbeat at the current wall time: its low watermark, when it
-    /// started and how many scanners it runs.
+    /// Writes `worker`'s heartbeat at the current wall time: its low watermark and `about`.
     pub async fn heartbeat_with(
         &self,
         worker: ClientId,
         low_watermark: Ts,
-        started_ms: u64,
-        scanners: u32,
+        about: About,
     ) -> Result<(), TxnError> {
         let now = self.clock.now_ms();
-        let mut value = Vec::with_capacity(28);
+        let mut value = Vec::with_capacity(36);
         value.extend_from_slice(&now.to_be_bytes());
         value.extend_from_slice(&low_watermark.0.to_be_bytes());
-        value.extend_from_slice(&started_ms.to_be_bytes());
-        value.extend_from_slice(&scanners.to_be_bytes());
+        value.extend_from_slice(&about.started_ms.to_be_bytes());
+        value.extend_from_slice(&about.scanners.to_be_bytes());
+        value.extend_from_slice(&about.process.0.to_be_bytes());
         let m = Mutation::Put { column: column(), ts: Ts::ZERO, value: value.into() };
         self.store.mutate_rows(&[RowMutation { row: row(worker), mutations: vec![m] }]).await?;
         Ok(())
