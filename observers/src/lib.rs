@@ -37,7 +37,9 @@ use perc_notify::{NotifyKind, ObserverError, Registry, RegistryError};
 use perc_txn::TxnError;
 
 pub use load::{known_urls, load_recorded, refetch, seed};
-pub use query::{canonical, export, export_each, page_count, page_info, report, PageInfo, Report};
+pub use query::{
+    canonical, export, export_each, page_count, page_info, report, report_since, PageInfo, Report,
+};
 
 use model::col;
 

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use perc_txn::Client;
 use url::Url;
 
-use crate::model::{self, col, ExportLine, Meta};
+use crate::model::{self, col, ExportLine, Meta, Want};
 use crate::IndexError;
 
 /// How many pages the export holds (their lines are counted, not read with their inlinks).
@@ -33,10 +33,23 @@ pub struct Report {
     pub not_pages: std::collections::BTreeMap<String, usize>,
     /// Of the URLs asked about ([`report`]'s `seeds`), how many got a response.
     pub seeds_answered: usize,
+    /// URLs fetched or loaded that were wanted at or after [`report_since`]'s timestamp
+    /// (all, for [`report`]): the ones a crawl started then tried, whichever process did.
+    pub tried: usize,
 }
 
 /// The index's [`Report`]; `seeds` are the URLs whose answers it checks (a crawl's seeds).
 pub async fn report(client: &Client, seeds: &[Url]) -> Result<Report, IndexError> {
+    report_since(client, seeds, 0).await
+}
+
+/// The index's [`Report`], counting as `tried` the URLs fetched since they were wanted (by
+/// a seed, a discovery or a refetch) at or after the timestamp `since`.
+pub async fn report_since(
+    client: &Client,
+    seeds: &[Url],
+    since: u64,
+) -> Result<Report, IndexError> {
     let t = client.begin().await?;
     let mut r =
         Report { pages: t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len(), ..Report::default() };
@@ -70,12 +83,15 @@ pub async fn report(client: &Client, seeds: &[Url]) -> Result<Report, IndexError
     }
     r.fetched = metas.len();
     let fetched: std::collections::BTreeSet<&Bytes> = metas.iter().map(|(row, _)| row).collect();
-    r.waiting = t
-        .scan(b"p:", b"p;", col::WANT)
-        .await?
-        .iter()
-        .filter(|(row, _)| !fetched.contains(row))
-        .count();
+    for (row, raw) in t.scan(b"p:", b"p;", col::WANT).await? {
+        if !fetched.contains(&row) {
+            r.waiting += 1;
+            continue;
+        }
+        let want: Want = serde_json::from_slice(&raw)
+            .map_err(|e| IndexError::corrupt(format!("crawl:want of {}", row.escape_ascii()), e))?;
+        r.tried += usize::from(want.gen >= since);
+    }
     Ok(r)
 }
 

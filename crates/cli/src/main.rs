@@ -497,12 +497,13 @@ async fn crawl(
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
     let (s, r) = app.crawl(seeds, scope, stop).await?;
+    // The URLs this crawl wanted that were fetched, by this process or by workers elsewhere.
     out!(
         "crawl done in {:.1}s: {} URLs tried this run ({:.1}/s); in the index, {} URLs \
          answered and {} pages indexed",
         s.seconds,
-        s.fetched,
-        s.fetched as f64 / s.seconds.max(0.001),
+        r.tried,
+        r.tried as f64 / s.seconds.max(0.001),
         r.answered,
         r.pages
     );

@@ -351,9 +351,12 @@ impl Pipeline {
         scope: &CrawlScope,
         stop: &CancellationToken,
     ) -> Result<(RunSummary, Report)> {
+        // What this crawl wants is wanted after this timestamp: its report counts what it
+        // tried, whichever process fetched it.
+        let since = self.client.oracle().next().await?;
         perc_observers::seed(&self.client, seeds, scope).await?;
         let run = self.run_until_quiet("crawl", stop).await?;
-        Ok((run, perc_observers::report(&self.client, seeds).await?))
+        Ok((run, perc_observers::report_since(&self.client, seeds, since.0).await?))
     }
 
     /// Loads every response record of `files` (a directory: its WARCs, in name order) and
