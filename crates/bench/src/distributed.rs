@@ -64,6 +64,16 @@ async fn oracle_rates(t: &mut Table, scale: f64) -> Result<()> {
     Ok(())
 }
 
+/// CPU seconds (user + system) process `pid` has used so far; 0 where /proc is not there.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result<()> {
     let emulator = Emulator::start().map_err(|e| anyhow!(e))?;
     let addr = oracle_server().await?;
@@ -93,11 +103,13 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     }
     let loader = open().await?.client;
     let before = store.counts();
+    let cpu_before = cpu_seconds(emulator.pid());
     let start = Instant::now();
     perc_observers::load_recorded(&loader, &recorded).await?;
     running[0].wait().await?;
     let secs = start.elapsed().as_secs_f64();
     let after = store.counts();
+    let emulator_cores = (cpu_seconds(emulator.pid()) - cpu_before) / secs;
     for w in running {
         w.shutdown().await;
     }
@@ -109,7 +121,8 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
         rate(n as u64, secs),
         format!(
             "{indexed} pages indexed; {calls:.1} store calls per page ({:.1} conditional \
-             mutations, {:.1} reads, {:.1} scans); {:.1} observer runs per page",
+             mutations, {:.1} reads, {:.1} scans); {:.1} observer runs per page; the \
+             emulator used {emulator_cores:.2} cores",
             (after.check_and_mutate - before.check_and_mutate) as f64 / indexed as f64,
             (after.read_row + after.read_rows - before.read_row - before.read_rows) as f64
                 / indexed as f64,

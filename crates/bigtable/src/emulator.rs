@@ -62,6 +62,11 @@ impl Emulator {
         Ok(Emulator { child, addr })
     }
 
+    /// The emulator's process id (benchmarks read its CPU time).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `127.0.0.1:PORT`, the value `BIGTABLE_EMULATOR_HOST` would take.
     pub fn addr(&self) -> &str {
         &self.addr
