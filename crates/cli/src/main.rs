@@ -848,7 +848,15 @@ async fn oracle(
         "serving timestamps; an oracle opened later on this store supersedes this one"
     );
     tokio::select! {
-        r = perc_oracle::serve(listener, oracle) => r?,
+        r = perc_oracle::serve(listener, oracle) => match r {
+            // Another oracle took over the table: not an error of this one, and nothing a
+            // restart of this one would mend (exit 1, so a supervisor can tell).
+            Err(e) if e.get_ref().is_some_and(|i| i.is::<perc_oracle::OracleError>()) => {
+                say!("perc oracle: {e}; stopping");
+                return Ok(ExitCode::from(1));
+            }
+            r => r?,
+        },
         _ = stop.cancelled() => {}
     }
     Ok(ExitCode::SUCCESS)
