@@ -514,6 +514,9 @@ fn a_loader_that_died_mid_commit_leaves_locks_the_rerun_waits_out_saying_so() {
         std::mem::forget(dead); // no deregistration: it died
     });
     drop(rt);
+    // Not a quiet, empty store: status shows the dead loader's locks.
+    let status = cluster.run(&[&liveness[..], &["status"][..]].concat());
+    assert!(status.contains("open locks:                    10 "), "{status}");
     let replay = ["--set", "workers.scanners=0", "replay", wget.to_str().unwrap()];
     let rerun = cluster.command(&[&liveness[..], &replay[..]].concat()).output().unwrap();
     let stderr = String::from_utf8_lossy(&rerun.stderr);
@@ -564,10 +567,20 @@ fn a_loader_with_no_live_worker_says_so_and_finishes_once_one_starts() {
     let said = log.by_ref().map(Result::unwrap).find(|l| l.contains("no worker is alive"));
     let said = said.expect("the loader says that nobody works");
     assert!(said.contains("perc --config FILE worker"), "it says how to start one: {said}");
-    let _worker = cluster.worker();
+    // The worker logs at info, without RUST_LOG: its rate, backlog and takeovers every
+    // workers.report_ms; plain text, since its stderr is no terminal.
+    let mut worker = cluster.command(&["worker"]);
+    worker.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut worker = Proc(worker.spawn().unwrap());
+    first_line(&mut worker.0, "worker ");
     let rest: Vec<String> = log.map(Result::unwrap).collect();
     let status = loader.0.wait().unwrap();
     assert!(status.success(), "the loader failed: {rest:?}");
+    let worker_log = BufReader::new(worker.0.stderr.take().unwrap()).lines();
+    let report = worker_log.map(Result::unwrap).find(|l| l.contains("runs/s")).unwrap();
+    assert!(report.contains("INFO") && report.contains("notifications pending"), "{report}");
+    assert!(report.contains("leases taken over"), "{report}");
+    assert!(!report.contains('\x1b') && !said.contains('\x1b'), "no colours off a terminal");
     let golden = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
     assert_eq!(export(&cluster, tmp.path()), golden);
 }
