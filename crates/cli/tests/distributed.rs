@@ -39,6 +39,13 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// A fresh emulator and an oracle on it (kept alive by the returned process).
+    fn start(table: &'static str) -> (Cluster, Proc) {
+        let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
+        let (oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
+        (Cluster { emulator, oracle_addr, table }, oracle)
+    }
+
     fn args(&self) -> Vec<String> {
         let mut a =
             vec!["--config".to_string(), root().join("config/bigtable.toml").display().to_string()];
@@ -446,9 +453,7 @@ fn the_deployment_recipe_runs_as_written_from_any_directory() {
 #[test]
 fn a_loader_killed_in_its_first_commit_is_rerun_at_once_and_finishes_in_one_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
-    let (_oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
-    let cluster = Cluster { emulator, oracle_addr, table: "loader" };
+    let (cluster, _oracle) = Cluster::start("loader");
     let _worker = cluster.worker();
     let wget = root().join("fixtures/crawls/wget-demo.warc.gz");
     let replay = ["--set", "workers.scanners=0", "replay", wget.to_str().unwrap()];
@@ -482,9 +487,7 @@ fn a_loader_killed_in_its_first_commit_is_rerun_at_once_and_finishes_in_one_run(
 fn a_loader_that_died_mid_commit_leaves_locks_the_rerun_waits_out_saying_so() {
     use perc_pipeline::{config, Create, Fetching, Pipeline};
     let tmp = tempfile::tempdir().unwrap();
-    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
-    let (_oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
-    let cluster = Cluster { emulator, oracle_addr, table: "dead-loader" };
+    let (cluster, _oracle) = Cluster::start("dead-loader");
     let _worker = cluster.worker();
     let wget = root().join("fixtures/crawls/wget-demo.warc.gz");
     let liveness = ["--set", "txn.liveness_ttl_ms=3000"];
@@ -551,9 +554,7 @@ fn an_unreachable_table_is_waited_for_saying_so_then_exits_3() {
 #[test]
 fn a_loader_with_no_live_worker_says_so_and_finishes_once_one_starts() {
     let tmp = tempfile::tempdir().unwrap();
-    let emulator = Emulator::start().unwrap_or_else(|e| panic!("{e}"));
-    let (_oracle, oracle_addr) = start_oracle(&emulator, "127.0.0.1:0");
-    let cluster = Cluster { emulator, oracle_addr, table: "nobody" };
+    let (cluster, _oracle) = Cluster::start("nobody");
     let wget = root().join("fixtures/crawls/wget-demo.warc.gz");
     let mut loader = Proc(
         cluster

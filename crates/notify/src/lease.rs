@@ -267,6 +267,23 @@ impl RowLease for StoreLease {
 mod tests {
     use super::*;
 
+    /// A store with leases and a liveness registry, on a manual clock.
+    struct Env {
+        store: Arc<dyn Store>,
+        clock: Arc<perc_txn::ManualClock>,
+        liveness: Liveness,
+    }
+
+    impl Env {
+        fn new(liveness_ttl_ms: u64) -> Env {
+            let families = perc_store::Schema::new([LEASE, perc_txn::liveness::FAMILY]);
+            let store: Arc<dyn Store> = Arc::new(perc_store::MemStore::new(families));
+            let clock = Arc::new(perc_txn::ManualClock::new(1_000_000));
+            let liveness = Liveness::new(store.clone(), clock.clone(), liveness_ttl_ms);
+            Env { store, clock, liveness }
+        }
+    }
+
     #[tokio::test]
     async fn one_holder_at_a_time_and_release_on_drop() {
         let lease = LocalLease::default();
@@ -280,13 +297,8 @@ mod tests {
 
     #[tokio::test]
     async fn store_leases_exclude_other_processes_and_expire() {
-        let store: Arc<dyn Store> = Arc::new(perc_store::MemStore::new(perc_store::Schema::new([
-            LEASE,
-            perc_txn::liveness::FAMILY,
-        ])));
-        let clock = Arc::new(perc_txn::ManualClock::new(1_000_000));
         // Liveness for ever: only the lease's own expiry frees it here.
-        let liveness = Liveness::new(store.clone(), clock.clone(), u64::MAX / 2);
+        let Env { store, clock, liveness } = Env::new(u64::MAX / 2);
         let lease = |id: u64| {
             StoreLease::new(store.clone(), clock.clone(), 1_000, ClientId(id), liveness.clone())
         };
@@ -322,12 +334,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dead_holders_lease_is_taken_over_before_it_expires() {
-        let store: Arc<dyn Store> = Arc::new(perc_store::MemStore::new(perc_store::Schema::new([
-            LEASE,
-            perc_txn::liveness::FAMILY,
-        ])));
-        let clock = Arc::new(perc_txn::ManualClock::new(1_000_000));
-        let liveness = Liveness::new(store.clone(), clock.clone(), 100);
+        let Env { store, clock, liveness } = Env::new(100);
         let lease = |id: u64| {
             StoreLease::new(store.clone(), clock.clone(), 30_000, ClientId(id), liveness.clone())
         };
@@ -354,12 +361,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_holder_missing_from_the_registry_counts_as_dead() {
-        let store: Arc<dyn Store> = Arc::new(perc_store::MemStore::new(perc_store::Schema::new([
-            LEASE,
-            perc_txn::liveness::FAMILY,
-        ])));
-        let clock = Arc::new(perc_txn::ManualClock::new(1_000_000));
-        let liveness = Liveness::new(store.clone(), clock.clone(), 5_000);
+        let Env { store, clock, liveness } = Env::new(5_000);
         let lease = |id: u64| {
             StoreLease::new(store.clone(), clock.clone(), 30_000, ClientId(id), liveness.clone())
         };
