@@ -36,16 +36,31 @@ impl Response {
     }
 }
 
-/// A Content-Type header's media type (lower-cased) and `charset` parameter.
+/// A Content-Type header's media type (lower-cased) and `charset` parameter. A header the
+/// media-type grammar refuses keeps what precedes its first `;` as the type, no charset.
 pub fn split_content_type(header: Option<String>) -> (Option<String>, Option<String>) {
     let Some(ct) = header else { return (None, None) };
-    let mut parts = ct.split(';');
-    let media = parts.next().map(|m| m.trim().to_ascii_lowercase());
-    let charset = parts
-        .filter_map(|p| p.trim().split_once('='))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("charset"))
-        .map(|(_, v)| v.trim().trim_matches('"').to_string());
-    (media, charset)
+    match ct.trim().parse::<mime::Mime>() {
+        Ok(m) => {
+            let charset = m.get_param(mime::CHARSET).map(|c| c.as_str().to_string());
+            (Some(m.essence_str().to_ascii_lowercase()), charset)
+        }
+        Err(_) => {
+            let media = ct.split(';').next().map(|m| m.trim().to_ascii_lowercase());
+            (media.filter(|m| !m.is_empty()), None)
+        }
+    }
+}
+
+/// A `Retry-After` value in seconds from `now`: delay-seconds, or an HTTP-date (RFC 9110
+/// §10.2.3; a date in the past is 0). Anything else is ignored.
+pub fn retry_after_seconds(value: &str, now: std::time::SystemTime) -> Option<u64> {
+    let value = value.trim();
+    if let Ok(s) = value.parse::<u64>() {
+        return Some(s);
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).map_or(0, |d| d.as_secs_f64().ceil() as u64))
 }
 
 /// Why a fetch produced no response.
@@ -131,8 +146,8 @@ impl Fetcher for HttpFetcher {
         };
         let (content_type, charset) = split_content_type(header(reqwest::header::CONTENT_TYPE));
         let location = header(reqwest::header::LOCATION).and_then(|l| url.join(&l).ok());
-        let retry_after_s =
-            header(reqwest::header::RETRY_AFTER).and_then(|r| r.trim().parse().ok());
+        let retry_after_s = header(reqwest::header::RETRY_AFTER)
+            .and_then(|r| retry_after_seconds(&r, std::time::SystemTime::now()));
         let status = resp.status().as_u16();
         let mut body = BytesMut::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| classify(url, e, &self.limits))? {
@@ -216,5 +231,39 @@ impl<F: Fetcher> Fetcher for Polite<F> {
         host.next_at =
             Some(Instant::now() + Duration::from_millis(delay.min(self.config.delay_cap_ms)));
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn content_types_by_the_media_type_grammar() {
+        let split = |h: &str| split_content_type(Some(h.to_string()));
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(split("text/html"), (s("text/html"), None));
+        assert_eq!(split("Text/HTML; Charset=\"ISO-8859-1\""), (s("text/html"), s("iso-8859-1")));
+        assert_eq!(split("text/html;q=1;charset=utf-8"), (s("text/html"), s("utf-8")));
+        // Refused by the grammar: the type before the first `;`, no charset.
+        assert_eq!(split("text/html; charset"), (s("text/html"), None));
+        assert_eq!(split("html"), (s("html"), None));
+        assert_eq!(split(""), (None, None));
+        assert_eq!(split_content_type(None), (None, None));
+    }
+
+    #[test]
+    fn retry_after_in_seconds_or_as_an_http_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777); // 1994-11-06 08:49:37
+        assert_eq!(retry_after_seconds("120", now), Some(120));
+        assert_eq!(retry_after_seconds(" 7 ", now), Some(7));
+        assert_eq!(retry_after_seconds("Sun, 06 Nov 1994 08:51:37 GMT", now), Some(120));
+        // The two obsolete date formats HTTP still accepts.
+        assert_eq!(retry_after_seconds("Sunday, 06-Nov-94 08:50:37 GMT", now), Some(60));
+        assert_eq!(retry_after_seconds("Sun Nov  6 08:49:47 1994", now), Some(10));
+        assert_eq!(retry_after_seconds("Sun, 06 Nov 1994 08:00:00 GMT", now), Some(0), "past");
+        assert_eq!(retry_after_seconds("soon", now), None);
+        assert_eq!(retry_after_seconds("-5", now), None);
     }
 }

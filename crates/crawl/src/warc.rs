@@ -299,7 +299,8 @@ pub fn parse_http(url: &Url, raw: &[u8], body_bytes_max: u64) -> Result<Response
         content_type,
         charset,
         location: get("location").and_then(|l| url.join(&l).ok()),
-        retry_after_s: get("retry-after").and_then(|r| r.parse().ok()),
+        retry_after_s: get("retry-after")
+            .and_then(|r| crate::fetch::retry_after_seconds(&r, std::time::SystemTime::now())),
         body: Bytes::from(body),
     })
 }
@@ -430,20 +431,23 @@ impl Recorder {
     }
 }
 
+/// The status line's reason phrase (empty for a code HTTP does not name).
 fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        301 => "Moved Permanently",
-        302 => "Found",
-        404 => "Not Found",
-        410 => "Gone",
-        _ => "",
-    }
+    http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_lines_carry_http_reason_phrases() {
+        assert_eq!(reason(200), "OK");
+        assert_eq!(reason(301), "Moved Permanently");
+        assert_eq!(reason(429), "Too Many Requests");
+        assert_eq!(reason(503), "Service Unavailable");
+        assert_eq!(reason(599), "");
+    }
 
     fn resp(status: u16, body: &str) -> Response {
         Response {
