@@ -165,6 +165,8 @@ impl Fetcher for HttpFetcher {
 pub struct PolitenessConfig {
     /// Requests in flight across all hosts.
     pub concurrency_max: usize,
+    /// Requests in flight to one host, when it asks for no delay between them.
+    pub per_host: usize,
     /// Pause between two requests to one host, unless robots.txt asks for more.
     pub host_delay_ms: u64,
     /// The most a Crawl-delay or Retry-After may make us wait.
@@ -173,17 +175,28 @@ pub struct PolitenessConfig {
 
 impl Default for PolitenessConfig {
     fn default() -> Self {
-        PolitenessConfig { concurrency_max: 16, host_delay_ms: 0, delay_cap_ms: 30_000 }
+        PolitenessConfig {
+            concurrency_max: 16,
+            per_host: 1,
+            host_delay_ms: 0,
+            delay_cap_ms: 30_000,
+        }
     }
 }
 
-/// Per-host politeness around a fetcher: one request in flight per host, spaced by the
-/// host's delay; `Retry-After` on 429/503 pushes the host's next slot back.
+/// Per-host politeness around a fetcher: up to `per_host` requests in flight to a host (one
+/// when there is a delay between its requests: a Crawl-delay, `host_delay_ms`), spaced by
+/// that delay; `Retry-After` on 429/503 pushes the host's next request back.
 pub struct Polite<F> {
     inner: F,
     config: PolitenessConfig,
     global: tokio::sync::Semaphore,
-    hosts: Mutex<HashMap<String, Arc<tokio::sync::Mutex<HostSlot>>>>,
+    hosts: Mutex<HashMap<String, Arc<Host>>>,
+}
+
+struct Host {
+    permits: tokio::sync::Semaphore,
+    slot: tokio::sync::Mutex<HostSlot>,
 }
 
 #[derive(Default)]
@@ -198,38 +211,63 @@ impl<F: Fetcher> Polite<F> {
         Polite { inner, config, global, hosts: Mutex::new(HashMap::new()) }
     }
 
-    fn slot(&self, url: &Url) -> Arc<tokio::sync::Mutex<HostSlot>> {
+    fn host(&self, url: &Url) -> Arc<Host> {
         let key = format!("{}://{}", url.scheme(), url.authority());
         let mut hosts = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
-        hosts.entry(key).or_default().clone()
+        let per_host = self.config.per_host.max(1);
+        hosts
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(Host {
+                    permits: tokio::sync::Semaphore::new(per_host),
+                    slot: tokio::sync::Mutex::new(HostSlot::default()),
+                })
+            })
+            .clone()
     }
 
     /// Sets a host's delay between requests (robots.txt's Crawl-delay), capped.
     pub async fn set_host_delay(&self, url: &Url, delay_ms: u64) {
         let capped = delay_ms.min(self.config.delay_cap_ms);
-        self.slot(url).lock().await.delay_ms = capped;
+        self.host(url).slot.lock().await.delay_ms = capped;
     }
 }
 
 #[async_trait]
 impl<F: Fetcher> Fetcher for Polite<F> {
     async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
-        let slot = self.slot(url);
-        // The host's lock is held for the whole request: one in flight per host.
-        let mut host = slot.lock().await;
-        if let Some(at) = host.next_at {
+        let host = self.host(url);
+        let _host_permit = host.permits.acquire().await.expect("semaphore never closed");
+        let slot = host.slot.lock().await;
+        if let Some(at) = slot.next_at {
             tokio::time::sleep_until(at.into()).await;
         }
-        let _permit = self.global.acquire().await.expect("semaphore never closed");
-        let result = self.inner.fetch(url).await;
-        let mut delay = host.delay_ms.max(self.config.host_delay_ms);
+        // A delay between requests means one at a time: the slot is held for the whole
+        // request. Without one, the host's permits alone bound what is in flight.
+        let spaced = slot.delay_ms.max(self.config.host_delay_ms) > 0;
+        let held = if spaced {
+            Some(slot)
+        } else {
+            drop(slot);
+            None
+        };
+        let result = {
+            let _permit = self.global.acquire().await.expect("semaphore never closed");
+            self.inner.fetch(url).await
+        };
+        let mut slot = match held {
+            Some(slot) => slot,
+            None => host.slot.lock().await,
+        };
+        let mut delay = slot.delay_ms.max(self.config.host_delay_ms);
         if let Ok(r) = &result {
             if matches!(r.status, 429 | 503) {
                 delay = delay.max(r.retry_after_s.unwrap_or(1).saturating_mul(1000));
             }
         }
-        host.next_at =
-            Some(Instant::now() + Duration::from_millis(delay.min(self.config.delay_cap_ms)));
+        let next = Instant::now() + Duration::from_millis(delay.min(self.config.delay_cap_ms));
+        // Requests in flight together end in any order: the latest pushback wins.
+        slot.next_at = Some(slot.next_at.map_or(next, |at| at.max(next)));
         result
     }
 }

@@ -126,9 +126,10 @@ async fn unreachable_host_is_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn politeness_spaces_requests_to_one_host() {
     let base = serve().await;
+    // Four requests at once are allowed; a delay between requests makes it one at a time.
     let polite = Polite::new(
         HttpFetcher::new(limits()).unwrap(),
-        PolitenessConfig { concurrency_max: 8, host_delay_ms: 0, delay_cap_ms: 2_000 },
+        PolitenessConfig { concurrency_max: 8, per_host: 4, host_delay_ms: 0, delay_cap_ms: 2_000 },
     );
     let ok = base.join("ok").unwrap();
     polite.set_host_delay(&ok, 150).await;
@@ -143,4 +144,48 @@ async fn politeness_spaces_requests_to_one_host() {
     let started = Instant::now();
     polite.fetch(&ok).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+}
+
+/// A server whose `/wave` answers only once `wave` requests are in flight together (or 503
+/// after 5 s), counting the most it ever had in flight.
+async fn serve_waves(wave: usize) -> (Url, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let barrier = Arc::new(tokio::sync::Barrier::new(wave));
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let seen = most.clone();
+    let app = Router::new().route(
+        "/wave",
+        get(move || {
+            let (barrier, now, most) = (barrier.clone(), now.clone(), most.clone());
+            async move {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                let met = tokio::time::timeout(Duration::from_secs(5), barrier.wait()).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                if met.is_ok() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (Url::parse(&format!("http://{addr}/wave")).unwrap(), seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_gets_per_host_requests_at_once_and_no_more() {
+    let (wave, most) = serve_waves(3).await;
+    let limits = FetchLimits { total_timeout_ms: 10_000, ..limits() };
+    let config = PolitenessConfig { per_host: 3, ..PolitenessConfig::default() };
+    let polite = Polite::new(HttpFetcher::new(limits).unwrap(), config);
+    // Six requests: two waves of three, each of which the server sees in flight together.
+    let all = futures::future::join_all((0..6).map(|_| polite.fetch(&wave))).await;
+    let statuses: Vec<u16> = all.into_iter().map(|r| r.unwrap().status).collect();
+    assert_eq!(statuses, [200; 6]);
+    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 3, "never more than per_host");
 }

@@ -96,6 +96,8 @@ pub struct Crawl {
     pub connect_timeout_ms: u64,
     pub total_timeout_ms: u64,
     pub concurrency_max: usize,
+    /// Requests in flight to one host that asks for no delay (SPEC §6.2: one by default).
+    pub per_host: usize,
     pub host_delay_ms: u64,
     pub delay_cap_ms: u64,
     pub robots_ttl_ms: u64,
@@ -222,6 +224,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("crawl.connect_timeout_ms", 1, i64::MAX),
     ("crawl.total_timeout_ms", 1, i64::MAX),
     ("crawl.concurrency_max", 1, 10_000),
+    ("crawl.per_host", 1, 1_000),
     ("crawl.host_delay_ms", 0, i64::MAX),
     ("crawl.delay_cap_ms", 0, i64::MAX),
     ("crawl.robots_ttl_ms", 1, i64::MAX),

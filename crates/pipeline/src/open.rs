@@ -194,6 +194,7 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
     };
     let politeness = PolitenessConfig {
         concurrency_max: c.concurrency_max,
+        per_host: c.per_host,
         host_delay_ms: c.host_delay_ms,
         delay_cap_ms: c.delay_cap_ms,
     };
