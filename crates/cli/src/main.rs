@@ -749,6 +749,23 @@ async fn status(app: &Pipeline) -> Result<()> {
             );
         }
     }
+    if !st.hosts.is_empty() {
+        let mut hosts: Vec<_> = st.hosts.iter().collect();
+        hosts.sort_by(|a, b| b.1[0].cmp(&a.1[0]).then(a.0.cmp(b.0)));
+        let shown = hosts.len().min(HOSTS_SHOWN);
+        out!("\nhosts crawled ({}, the {shown} most asked):", hosts.len());
+        out!("  {:<40} {:>9} {:>7} {:>10}", "host", "requests", "failed", "requests/s");
+        for (host, [requests, failed, first, last]) in hosts.into_iter().take(HOSTS_SHOWN) {
+            // The rate over the span from its first request to its last, across runs.
+            let secs = last.saturating_sub(*first) as f64 / 1000.0;
+            let rate = if *requests > 1 && secs > 0.0 {
+                format!("{:.1}", (requests - 1) as f64 / secs)
+            } else {
+                "-".into()
+            };
+            out!("  {host:<40} {requests:>9} {failed:>7} {rate:>10}");
+        }
+    }
     out!(
         "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9}",
         "observer",
@@ -776,6 +793,9 @@ async fn status(app: &Pipeline) -> Result<()> {
     }
     Ok(())
 }
+
+/// Hosts `perc status` lists, the most asked first.
+const HOSTS_SHOWN: usize = 10;
 
 /// A duration for people: 850ms, 12.3s, 4m05s, 2h10m.
 fn duration(ms: u64) -> String {

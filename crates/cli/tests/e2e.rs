@@ -89,6 +89,16 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
     assert!(page.contains("\"noindex\":true"), "{page}");
     let status = ok(&perc(&crawl_data, &["status"]));
     assert!(status.contains("pending notifications:         0"), "{status}");
+    // The crawl-rate report: the one host, every request (robots.txt and the 404 counted;
+    // the URL robots.txt disallows never asked), one failed.
+    assert!(status.contains("hosts crawled (1, the 1 most asked):"), "{status}");
+    let host = site.base().trim_end_matches('/').to_string();
+    let line = status.lines().find(|l| l.trim_start().starts_with(&host)).expect("the host");
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields[1..3], ["14", "1"], "{line}");
+    // A replay asks no host.
+    let status = ok(&perc(&replay_data, &["status"]));
+    assert!(!status.contains("hosts crawled"), "{status}");
 }
 
 #[test]

@@ -192,6 +192,18 @@ pub struct Polite<F> {
     config: PolitenessConfig,
     global: tokio::sync::Semaphore,
     hosts: Mutex<HashMap<String, Arc<Host>>>,
+    counts: Mutex<HashMap<String, HostCount>>,
+}
+
+/// What one host was asked, for the crawl-rate report (`perc status`): requests made, those
+/// that failed (no response, or a 4xx or 5xx), and the wall-clock ms of the first and the
+/// last.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCount {
+    pub requests: u64,
+    pub failed: u64,
+    pub first_ms: u64,
+    pub last_ms: u64,
 }
 
 struct Host {
@@ -208,7 +220,25 @@ struct HostSlot {
 impl<F: Fetcher> Polite<F> {
     pub fn new(inner: F, config: PolitenessConfig) -> Polite<F> {
         let global = tokio::sync::Semaphore::new(config.concurrency_max.max(1));
-        Polite { inner, config, global, hosts: Mutex::new(HashMap::new()) }
+        let (hosts, counts) = (Mutex::new(HashMap::new()), Mutex::new(HashMap::new()));
+        Polite { inner, config, global, hosts, counts }
+    }
+
+    /// Every host asked so far, by `scheme://authority`.
+    pub fn host_counts(&self) -> HashMap<String, HostCount> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn count(&self, url: &Url, failed: bool) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let key = format!("{}://{}", url.scheme(), url.authority());
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let c = counts.entry(key).or_insert(HostCount { first_ms: now, ..HostCount::default() });
+        c.requests += 1;
+        c.failed += u64::from(failed);
+        c.last_ms = c.last_ms.max(now);
     }
 
     fn host(&self, url: &Url) -> Arc<Host> {
@@ -255,6 +285,7 @@ impl<F: Fetcher> Fetcher for Polite<F> {
             let _permit = self.global.acquire().await.expect("semaphore never closed");
             self.inner.fetch(url).await
         };
+        self.count(url, result.as_ref().map_or(true, |r| r.status >= 400));
         let mut slot = match held {
             Some(slot) => slot,
             None => host.slot.lock().await,

@@ -12,7 +12,7 @@ pub mod urls;
 pub mod warc;
 
 pub use fetch::{
-    FetchError, FetchLimits, Fetcher, HttpFetcher, Polite, PolitenessConfig, Response,
+    FetchError, FetchLimits, Fetcher, HostCount, HttpFetcher, Polite, PolitenessConfig, Response,
 };
 pub use parse::{content_hash, decode, parse, Link, ParsedPage};
 pub use robots::{RobotsCache, Verdict};

@@ -39,8 +39,11 @@ pub struct Pipeline {
     pub client: Client,
     pub engine: Arc<Engine>,
     pub config: Config,
+    /// The live fetcher's politeness layer, which counts requests per host (none offline).
+    polite: Option<Arc<open::Polite>>,
     /// This process's counters as far as they have been added to the stored ones.
     saved: std::sync::Mutex<StoredStats>,
+    hosts_saved: std::sync::Mutex<StoredHosts>,
 }
 
 impl Pipeline {
@@ -174,15 +177,37 @@ impl Pipeline {
                 .filter(|(_, d): &(String, [u64; 6])| d.iter().any(|n| *n > 0))
                 .collect()
         };
-        if delta.is_empty() {
+        let hosts_now: StoredHosts = self.polite.as_ref().map_or_else(Default::default, |p| {
+            p.host_counts()
+                .into_iter()
+                .map(|(host, c)| (host, [c.requests, c.failed, c.first_ms, c.last_ms]))
+                .collect()
+        });
+        let hosts_delta: StoredHosts = {
+            let saved = self.hosts_saved.lock().unwrap_or_else(|e| e.into_inner());
+            hosts_now
+                .iter()
+                .filter(|(host, c)| saved.get(*host).is_none_or(|s| s[0] < c[0]))
+                .map(|(host, c)| {
+                    let s = saved.get(host).copied().unwrap_or_default();
+                    (host.clone(), [c[0] - s[0], c[1] - s[1], c[2], c[3]])
+                })
+                .collect()
+        };
+        if delta.is_empty() && hosts_delta.is_empty() {
             return Ok(());
         }
-        self.client.retrying(async |_| self.try_save_stats(&delta).await).await?;
+        self.client.retrying(async |_| self.try_save_stats(&delta, &hosts_delta).await).await?;
         *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = now;
+        *self.hosts_saved.lock().unwrap_or_else(|e| e.into_inner()) = hosts_now;
         Ok(())
     }
 
-    async fn try_save_stats(&self, delta: &StoredStats) -> Result<(), perc_txn::TxnError> {
+    async fn try_save_stats(
+        &self,
+        delta: &StoredStats,
+        hosts_delta: &StoredHosts,
+    ) -> Result<(), perc_txn::TxnError> {
         let mut t = self.client.begin().await?;
         // A counter record that cannot be read starts over rather than stopping the run.
         let mut all = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?).unwrap_or_default();
@@ -191,6 +216,23 @@ impl Pipeline {
             for (slot, add) in e.iter_mut().zip(add) {
                 *slot += add;
             }
+        }
+        if !hosts_delta.is_empty() {
+            let raw = t.get(STATS_ROW, HOSTS_COLUMN).await?;
+            let mut hosts: StoredHosts =
+                raw.and_then(|r| serde_json::from_slice(&r).ok()).unwrap_or_default();
+            for (host, [requests, failed, first, last]) in hosts_delta {
+                let h = hosts.entry(host.clone()).or_insert([0, 0, *first, *last]);
+                h[0] += requests;
+                h[1] += failed;
+                h[2] = h[2].min(*first);
+                h[3] = h[3].max(*last);
+            }
+            t.set(
+                Bytes::from_static(STATS_ROW),
+                Bytes::from_static(HOSTS_COLUMN),
+                serde_json::to_vec(&hosts).expect("serializable"),
+            );
         }
         t.set(
             Bytes::from_static(STATS_ROW),
@@ -324,6 +366,9 @@ pub struct Status {
     /// The `perc oracle` server's address (empty: the oracle runs in each process).
     pub oracle_server: String,
     pub oracle: perc_oracle::StoredMark,
+    /// Requests to each host, by every process that crawled: [requests, failed, first ms,
+    /// last ms].
+    pub hosts: StoredHosts,
 }
 
 /// A process registered in the liveness registry, as `perc status` shows it.
@@ -522,6 +567,11 @@ impl Pipeline {
         let pending = pending_by_observer.values().sum();
         let t = self.client.begin().await?;
         let counters = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?)?;
+        let hosts: StoredHosts = match t.get(STATS_ROW, HOSTS_COLUMN).await? {
+            Some(raw) => serde_json::from_slice(&raw)
+                .map_err(|e| IndexError::corrupt("the stored host counters", e))?,
+            None => StoredHosts::default(),
+        };
         let parked = self.engine.failed_list().await?;
         let locks = self
             .store
@@ -568,6 +618,7 @@ impl Pipeline {
             workers,
             oracle_server: self.config.oracle.server.clone(),
             oracle,
+            hosts,
         })
     }
 }
@@ -577,6 +628,9 @@ impl Pipeline {
 const STATS_ROW: &[u8] = b"m:stats";
 const STATS_COLUMN: &[u8] = b"stats:observers";
 pub type StoredStats = std::collections::BTreeMap<String, [u64; 6]>;
+/// Requests to each host by every process so far: [requests, failed, first ms, last ms].
+const HOSTS_COLUMN: &[u8] = b"stats:hosts";
+pub type StoredHosts = std::collections::BTreeMap<String, [u64; 4]>;
 
 fn decode_stats(raw: Option<Bytes>) -> Result<StoredStats, IndexError> {
     match raw {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use perc_crawl::warc::Recorder;
 use perc_crawl::{
-    Budget, Crawler, FetchLimits, Fetcher, HttpFetcher, Offline, Polite, PolitenessConfig,
-    Recording, RobotsCache, Source,
+    Budget, Crawler, FetchLimits, Fetcher, HttpFetcher, Offline, PolitenessConfig, Recording,
+    RobotsCache, Source,
 };
 use perc_notify::{client_for, Engine, RowLease, StoreLease};
 use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
@@ -20,6 +20,12 @@ use perc_txn::{Clock, SystemClock, TxnConfig};
 use crate::config::{Backend, Config, MEMORY};
 use crate::error::{PipelineError, Result};
 use crate::Pipeline;
+
+/// The politeness layer of a live pipeline.
+pub(crate) type Polite = perc_crawl::Polite<Arc<dyn Fetcher>>;
+
+/// A source, and its politeness layer when it fetches.
+type Sourced = (Arc<dyn Source>, Option<Arc<Polite>>);
 
 /// Where the fetch observer gets pages.
 pub enum Fetching {
@@ -140,8 +146,8 @@ impl Builder {
                 );
             }
         }
-        let source = match self.source {
-            Some(s) => s,
+        let (source, polite) = match self.source {
+            Some(s) => (s, None),
             None => source(&config, self.fetching)?,
         };
         let registry = Arc::new(
@@ -177,14 +183,22 @@ impl Builder {
         let engine =
             Arc::new(Engine::with_lease(engine_client, registry, config.workers.clone(), lease));
         engine.load_parked().await?;
-        Ok(Pipeline { store, client, engine, config, saved: Default::default() })
+        Ok(Pipeline {
+            store,
+            client,
+            engine,
+            config,
+            polite,
+            saved: Default::default(),
+            hosts_saved: Default::default(),
+        })
     }
 }
 
 /// The fetching source: the crawler (politeness, robots.txt, a page budget, a recording), or
-/// nothing.
-fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
-    let Fetching::Live { warc_out } = fetching else { return Ok(Arc::new(Offline)) };
+/// nothing; and the politeness layer, which counts the requests to each host.
+fn source(config: &Config, fetching: Fetching) -> Result<Sourced> {
+    let Fetching::Live { warc_out } = fetching else { return Ok((Arc::new(Offline), None)) };
     let c = &config.crawl;
     let limits = FetchLimits {
         connect_timeout_ms: c.connect_timeout_ms,
@@ -204,7 +218,7 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
         Some(recorder) => Arc::new(Recording::new(http, recorder, c.user_agent.clone())),
         None => Arc::new(http),
     };
-    let polite = Arc::new(Polite::new(fetcher, politeness));
+    let polite = Arc::new(perc_crawl::Polite::new(fetcher, politeness));
     let robots = RobotsCache::new(
         polite.clone(),
         c.user_agent.clone(),
@@ -212,11 +226,11 @@ fn source(config: &Config, fetching: Fetching) -> Result<Arc<dyn Source>> {
         c.robots_retry_ms,
         c.robots_attempts,
     );
-    let crawler: Arc<dyn Source> = Arc::new(Crawler::new(polite, robots));
+    let crawler: Arc<dyn Source> = Arc::new(Crawler::new(polite.clone(), robots));
     if c.max_pages == 0 {
-        return Ok(crawler);
+        return Ok((crawler, Some(polite)));
     }
-    Ok(Arc::new(Budget::new(crawler, c.max_pages)))
+    Ok((Arc::new(Budget::new(crawler, c.max_pages)), Some(polite)))
 }
 
 /// The configured store: sled in `store.data`, the Bigtable table, or a new memory store.
