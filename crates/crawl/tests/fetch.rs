@@ -179,13 +179,17 @@ async fn serve_waves(wave: usize) -> (Url, std::sync::Arc<std::sync::atomic::Ato
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_gets_per_host_requests_at_once_and_no_more() {
-    let (wave, most) = serve_waves(3).await;
+    // A host that allows four requests at once.
+    let (wave, most) = serve_waves(4).await;
     let limits = FetchLimits { total_timeout_ms: 10_000, ..limits() };
-    let config = PolitenessConfig { per_host: 3, ..PolitenessConfig::default() };
+    let config = PolitenessConfig { per_host: 4, ..PolitenessConfig::default() };
     let polite = Polite::new(HttpFetcher::new(limits).unwrap(), config);
-    // Six requests: two waves of three, each of which the server sees in flight together.
-    let all = futures::future::join_all((0..6).map(|_| polite.fetch(&wave))).await;
+    // Eight requests: two waves of four, each of which the server sees in flight together.
+    let all = futures::future::join_all((0..8).map(|_| polite.fetch(&wave))).await;
     let statuses: Vec<u16> = all.into_iter().map(|r| r.unwrap().status).collect();
-    assert_eq!(statuses, [200; 6]);
-    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 3, "never more than per_host");
+    assert_eq!(statuses, [200; 8]);
+    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 4, "never more than per_host");
+    let counts = polite.host_counts();
+    let host = format!("http://{}", wave.authority());
+    assert_eq!((counts[&host].requests, counts[&host].failed), (8, 0));
 }
