@@ -9,7 +9,10 @@ run:
 
 # Every test, every backend, every feature.
 # (Doc tests first, so that the run closes with nextest's summary of every test.)
+# The WARC tests check perc's WARCs with warcio, an independent validator from Python's index.
 test:
+	python3 -c 'import warcio' 2>/dev/null || python3 -m pip install --quiet warcio \
+	  || python3 -m pip install --quiet --break-system-packages warcio
 	$(CARGO) test --workspace --all-features --doc --quiet
 	$(CARGO) nextest run --workspace --all-features --no-fail-fast
 

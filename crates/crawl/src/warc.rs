@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use url::Url;
-use warc::{RecordBuilder, RecordType, WarcHeader, WarcReader, WarcWriter};
+use warc::{Record, RecordBuilder, RecordType, WarcHeader, WarcReader, WarcWriter};
 
 use crate::fetch::Response;
 
@@ -340,9 +340,21 @@ fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
 /// Writes request and response records, one gzip member each. Each member is built in
 /// memory and written with one call, so that the file ends on a record boundary whenever
 /// the process stops short of being killed mid-write.
+///
+/// Each run begins with a `warcinfo` record (software, format, robots policy) that every
+/// later record names (`WARC-Warcinfo-ID`); every record carries `WARC-Block-Digest`, a
+/// response also `WARC-Payload-Digest` (SHA-1 in base32, as other WARC tools write and
+/// check them), and `WARC-Concurrent-To` links a response to its request.
 pub struct Recorder {
     out: File,
     path: PathBuf,
+    warcinfo: String,
+}
+
+/// `sha1:` and the base32 SHA-1 of `bytes`.
+fn digest(bytes: &[u8]) -> String {
+    use sha1::Digest;
+    format!("sha1:{}", data_encoding::BASE32.encode(&sha1::Sha1::digest(bytes)))
 }
 
 impl Recorder {
@@ -363,7 +375,30 @@ impl Recorder {
             };
             io::Error::new(e.kind(), format!("{}: {e}{hint}", path.display()))
         })?;
-        Ok(Recorder { out: file, path: path.to_path_buf() })
+        let mut recorder =
+            Recorder { out: file, path: path.to_path_buf(), warcinfo: String::new() };
+        recorder.warcinfo = recorder.write_warcinfo()?;
+        Ok(recorder)
+    }
+
+    /// The run's `warcinfo` record; its record id.
+    fn write_warcinfo(&mut self) -> io::Result<String> {
+        let fields = format!(
+            "software: perc/{}\r\nformat: WARC File Format 1.0\r\nrobots: obey\r\n",
+            env!("CARGO_PKG_VERSION")
+        );
+        let filename = self.path.file_name().map(|f| f.to_string_lossy().into_owned());
+        let id = Record::<warc::BufferedBody>::generate_record_id();
+        let mut record = RecordBuilder::default()
+            .warc_type(RecordType::WarcInfo)
+            .warc_id(id.clone())
+            .header(WarcHeader::ContentType, "application/warc-fields")
+            .header(WarcHeader::BlockDigest, digest(fields.as_bytes()));
+        if let Some(name) = filename {
+            record = record.header(WarcHeader::Filename, name);
+        }
+        self.write(record.body(fields.into_bytes()))?;
+        Ok(id)
     }
 
     pub fn path(&self) -> &Path {
@@ -378,11 +413,15 @@ impl Recorder {
             &url[url::Position::BeforePath..],
             url.authority()
         );
+        let request_id = Record::<warc::BufferedBody>::generate_record_id();
         self.member(
             url,
-            RecordType::Request,
-            "application/http; msgtype=request",
+            RecordBuilder::default()
+                .warc_type(RecordType::Request)
+                .warc_id(request_id.clone())
+                .header(WarcHeader::ContentType, "application/http; msgtype=request"),
             request.into_bytes(),
+            None,
         )?;
         let mut http = format!("HTTP/1.1 {} {}\r\n", response.status, reason(response.status));
         if let Some(ct) = &response.content_type {
@@ -398,25 +437,40 @@ impl Recorder {
             http.push_str(&format!("Retry-After: {r}\r\n"));
         }
         http.push_str(&format!("Content-Length: {}\r\n\r\n", response.body.len()));
-        let mut payload = http.into_bytes();
-        payload.extend_from_slice(&response.body);
-        self.member(url, RecordType::Response, "application/http; msgtype=response", payload)
+        let mut block = http.into_bytes();
+        block.extend_from_slice(&response.body);
+        self.member(
+            url,
+            RecordBuilder::default()
+                .warc_type(RecordType::Response)
+                .header(WarcHeader::ContentType, "application/http; msgtype=response")
+                .header(WarcHeader::ConcurrentTo, request_id),
+            block,
+            Some(&response.body),
+        )
     }
 
+    /// One record about `url` whose block is `block`; `payload`, the HTTP body in it.
     fn member(
         &mut self,
         url: &Url,
-        kind: RecordType,
-        content_type: &str,
-        payload: Vec<u8>,
+        record: RecordBuilder,
+        block: Vec<u8>,
+        payload: Option<&[u8]>,
     ) -> io::Result<()> {
-        let record = RecordBuilder::default()
-            .warc_type(kind)
+        let mut record = record
             .header(WarcHeader::TargetURI, url.as_str())
-            .header(WarcHeader::ContentType, content_type)
-            .body(payload)
-            .build()
-            .map_err(|e| io::Error::other(e.to_string()))?;
+            .header(WarcHeader::WarcInfoID, self.warcinfo.clone())
+            .header(WarcHeader::BlockDigest, digest(&block));
+        if let Some(payload) = payload {
+            record = record.header(WarcHeader::PayloadDigest, digest(payload));
+        }
+        self.write(record.body(block))
+    }
+
+    /// Writes `record` as one gzip member, with one call.
+    fn write(&mut self, record: RecordBuilder) -> io::Result<()> {
+        let record = record.build().map_err(|e| io::Error::other(e.to_string()))?;
         let mut plain = WarcWriter::new(io::BufWriter::new(Vec::new()));
         plain.write(&record)?;
         let plain = plain.into_inner().map_err(|e| io::Error::other(e.to_string()))?;
@@ -554,7 +608,8 @@ mod tests {
         assert_eq!(got[2].response, resp(200, "<title>2</title>"));
         assert_eq!(got[4].response.location.as_ref(), Some(&urls[0]));
 
-        // Corrupt the third member's compressed bytes (members alternate request, response).
+        // Corrupt p2's response member's compressed bytes (after the warcinfo, members
+        // alternate request, response).
         let mut bytes = std::fs::read(&path).unwrap();
         let starts: Vec<usize> = bytes
             .windows(3)
@@ -562,7 +617,7 @@ mod tests {
             .filter(|(_, w)| *w == b"\x1f\x8b\x08")
             .map(|(i, _)| i)
             .collect();
-        let victim = starts[5]; // the response record of p2
+        let victim = starts[6]; // the response record of p2
         for b in &mut bytes[victim + 20..victim + 40] {
             *b ^= 0x5a;
         }
@@ -581,7 +636,7 @@ mod tests {
             "{}",
             issues[0]
         );
-        assert_eq!(issues[1].offset, starts[9] as u64);
+        assert_eq!(issues[1].offset, starts[10] as u64);
     }
 
     #[test]
