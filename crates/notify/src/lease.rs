@@ -9,7 +9,7 @@
 //!
 //! ```text
 //!   family "lease"   row = the notification's row   qualifier = its column
-//!   one cell, at ts = the wall-clock ms it expires; value = the holder's worker id (hex)
+//!   one cell, at ts = the wall-clock ms it expires; value = the holder's worker id (`ClientId::hex`)
 //!   acquire:  check_and_mutate(no cell at ts > now) { delete all; put at now + ttl }
 //!   take over (refused, and the holder read from the cell is dead):
 //!             check_and_mutate(a cell at exactly the ts read) { delete all; put at now + ttl }
@@ -102,16 +102,6 @@ pub struct StoreLease {
 /// remembered again at the next scan pass).
 const REFUSED_MAX: usize = 100_000;
 
-/// The lease cell's value for a holder: its id as the liveness registry writes it.
-fn holder_value(id: ClientId) -> Bytes {
-    Bytes::from(format!("{:016x}", id.0))
-}
-
-fn holder_of(value: &[u8]) -> Option<ClientId> {
-    let text = std::str::from_utf8(value).ok()?;
-    u64::from_str_radix(text, 16).ok().map(ClientId)
-}
-
 impl StoreLease {
     /// Leases held by the worker `holder`, whose liveness `liveness` tells; other holders'
     /// liveness is read from the same registry.
@@ -126,7 +116,7 @@ impl StoreLease {
             store,
             clock,
             ttl_ms: ttl_ms.max(1),
-            holder: holder_value(holder),
+            holder: holder.hex(),
             liveness,
             alive: Mutex::new(HashMap::new()),
             refused: Mutex::new(HashMap::new()),
@@ -173,7 +163,7 @@ impl StoreLease {
         let read = [ColumnRead::newest(col.clone(), TsRange::ALL)];
         let cells = self.store.read_row(row, &read).await.ok()?;
         let cell = cells.first()?.first()?;
-        let holder = holder_of(&cell.value)?;
+        let holder = ClientId::from_hex(&cell.value)?;
         self.is_dead(holder).await.then_some(cell.ts)
     }
 }
@@ -191,7 +181,7 @@ pub async fn leases_by_holder(
     };
     let mut by = std::collections::BTreeMap::new();
     for cell in store.scan(&scan).await? {
-        if let Some(holder) = holder_of(&cell.value).filter(|_| cell.ts.0 > now_ms) {
+        if let Some(holder) = ClientId::from_hex(&cell.value).filter(|_| cell.ts.0 > now_ms) {
             *by.entry(holder).or_default() += 1;
         }
     }

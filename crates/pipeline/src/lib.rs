@@ -129,7 +129,7 @@ impl Pipeline {
         }
         nobody.checked = Some(now);
         let working = match self.client.liveness().workers().await {
-            Ok(all) => all.iter().filter(|(w, alive)| *alive && w.scanners > 0).count(),
+            Ok(all) => all.iter().filter(|(w, alive)| *alive && w.about.scanners > 0).count(),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the liveness registry");
                 return;
@@ -589,11 +589,11 @@ impl Pipeline {
         let me = self.engine.client().id();
         let mut by_process = std::collections::BTreeMap::<perc_txn::ClientId, WorkerStatus>::new();
         for (w, alive) in self.client.liveness().workers().await? {
-            if w.process == me || w.worker == self.client.id() {
+            if w.about.process == me || w.worker == self.client.id() {
                 continue;
             }
-            let p = by_process.entry(w.process).or_insert(WorkerStatus {
-                worker: w.process,
+            let p = by_process.entry(w.about.process).or_insert(WorkerStatus {
+                worker: w.about.process,
                 alive: false,
                 age_ms: 0,
                 heartbeat_age_ms: u64::MAX,
@@ -601,9 +601,9 @@ impl Pipeline {
                 leases: 0,
             });
             p.alive |= alive;
-            p.age_ms = p.age_ms.max(now.saturating_sub(w.started_ms));
+            p.age_ms = p.age_ms.max(now.saturating_sub(w.about.started_ms));
             p.heartbeat_age_ms = p.heartbeat_age_ms.min(now.saturating_sub(w.heartbeat_ms));
-            p.scanners = p.scanners.max(w.scanners);
+            p.scanners = p.scanners.max(w.about.scanners);
             p.leases += leases.get(&w.worker).copied().unwrap_or(0);
         }
         let workers = by_process.into_values().collect();

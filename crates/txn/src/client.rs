@@ -217,9 +217,8 @@ impl Client {
         mut attempt: impl AsyncFnMut(&Client) -> Result<T, E>,
     ) -> Result<T, E> {
         let c = &self.inner.config;
-        let deadline =
-            self.inner.clock.now_ms() + 2 * (c.lock_ttl_ms + c.liveness_ttl_ms).max(1_000);
         let started = self.inner.clock.now_ms();
+        let deadline = started + 2 * (c.lock_ttl_ms + c.liveness_ttl_ms).max(1_000);
         let mut said = false;
         let mut n = 0;
         loop {

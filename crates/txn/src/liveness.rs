@@ -35,7 +35,7 @@ use crate::TxnError;
 pub const FAMILY: FamilySpec = FamilySpec { name: "worker", locality: Locality::Row };
 
 fn row(worker: ClientId) -> Bytes {
-    Bytes::from(format!("{:016x}", worker.0))
+    worker.hex()
 }
 
 fn column() -> Column {
@@ -48,12 +48,7 @@ pub struct WorkerEntry {
     pub worker: ClientId,
     pub heartbeat_ms: u64,
     pub low_watermark: Ts,
-    /// When it registered (wall ms).
-    pub started_ms: u64,
-    /// Notification scanners it runs: 0 for a process that only loads or queries.
-    pub scanners: u32,
-    /// The process it belongs to, named by that process's main client.
-    pub process: ClientId,
+    pub about: About,
 }
 
 /// What a heartbeat says of its worker besides its liveness.
@@ -61,7 +56,9 @@ pub struct WorkerEntry {
 pub struct About {
     /// When it registered (wall ms).
     pub started_ms: u64,
+    /// Notification scanners it runs: 0 for a process that only loads or queries.
     pub scanners: u32,
+    /// The process it belongs to, named by that process's main client.
     pub process: ClientId,
 }
 
@@ -78,18 +75,15 @@ fn decode(worker: ClientId, raw: &[u8]) -> Result<WorkerEntry, TxnError> {
     }
     let u64_at = |i: usize| u64::from_be_bytes(raw[i..i + 8].try_into().unwrap());
     let heartbeat_ms = u64_at(0);
-    let (started_ms, scanners, process) = match raw.len() {
-        36 => (u64_at(16), u32::from_be_bytes(raw[24..28].try_into().unwrap()), u64_at(28)),
-        _ => (heartbeat_ms, 0, worker.0),
+    let about = match raw.len() {
+        36 => About {
+            started_ms: u64_at(16),
+            scanners: u32::from_be_bytes(raw[24..28].try_into().unwrap()),
+            process: ClientId(u64_at(28)),
+        },
+        _ => About { started_ms: heartbeat_ms, scanners: 0, process: worker },
     };
-    Ok(WorkerEntry {
-        worker,
-        heartbeat_ms,
-        low_watermark: Ts(u64_at(8)),
-        started_ms,
-        scanners,
-        process: ClientId(process),
-    })
+    Ok(WorkerEntry { worker, heartbeat_ms, low_watermark: Ts(u64_at(8)), about })
 }
 
 impl Liveness {
@@ -176,11 +170,9 @@ impl Liveness {
             Scan { family: FAMILY.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
         let mut out = Vec::new();
         for cell in self.store.scan(&scan).await? {
-            let id = std::str::from_utf8(&cell.row)
-                .ok()
-                .and_then(|s| u64::from_str_radix(s, 16).ok())
+            let id = ClientId::from_hex(&cell.row)
                 .ok_or_else(|| TxnError::Corrupt(format!("worker row {:?}", cell.row)))?;
-            let entry = decode(ClientId(id), &cell.value)?;
+            let entry = decode(id, &cell.value)?;
             let alive = self.fresh(&entry);
             out.push((entry, alive));
         }

@@ -18,6 +18,20 @@ use crate::TxnError;
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClientId(pub u64);
 
+impl ClientId {
+    /// Sixteen hex digits: its row key in the liveness registry, and how other tables (the
+    /// lease cells) name it.
+    pub fn hex(self) -> Bytes {
+        Bytes::from(format!("{:016x}", self.0))
+    }
+
+    /// The id [`ClientId::hex`] wrote, if `raw` is one.
+    pub fn from_hex(raw: &[u8]) -> Option<ClientId> {
+        let text = std::str::from_utf8(raw).ok()?;
+        u64::from_str_radix(text, 16).ok().map(ClientId)
+    }
+}
+
 impl std::fmt::Display for ClientId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "client-{}", self.0)
