@@ -467,7 +467,7 @@ async fn dispatch(
         }
         Command::Wait => {
             let app = existing!(config, Fetching::Live { warc_out: None });
-            let waited = app.run_until_quiet("wait", &stop).await;
+            let waited = app.wait(&stop).await;
             app.close().await?;
             waited?;
             Ok(ExitCode::SUCCESS)

@@ -308,11 +308,16 @@ impl Engine {
         Ok(!self.scan(&Bytes::new(), 1).await?.0.is_empty())
     }
 
-    /// Distinct pending notifications, counting at most `limit` notify cells.
-    pub async fn pending_count(&self, limit: usize) -> Result<usize, TxnError> {
+    /// The distinct pending notifications in the first `limit` notify cells.
+    async fn pending(&self, limit: usize) -> Result<Vec<Pending>, TxnError> {
         let scan =
             Scan { family: actions::NOTIFY.name, start: Bytes::new(), end: Bytes::new(), limit };
-        Ok(collapse(self.store().scan(&scan).await?).len())
+        Ok(collapse(self.store().scan(&scan).await?))
+    }
+
+    /// Distinct pending notifications, counting at most `limit` notify cells.
+    pub async fn pending_count(&self, limit: usize) -> Result<usize, TxnError> {
+        Ok(self.pending(limit).await?.len())
     }
 
     /// Distinct pending notifications by the observer they wait for (a column no observer
@@ -321,10 +326,8 @@ impl Engine {
         &self,
         limit: usize,
     ) -> Result<std::collections::BTreeMap<String, usize>, TxnError> {
-        let scan =
-            Scan { family: actions::NOTIFY.name, start: Bytes::new(), end: Bytes::new(), limit };
         let mut by = std::collections::BTreeMap::new();
-        for p in collapse(self.store().scan(&scan).await?) {
+        for p in self.pending(limit).await? {
             let name = match self.registry.get(&p.column) {
                 Some(reg) => reg.name.to_string(),
                 None => p.column.escape_ascii().to_string(),

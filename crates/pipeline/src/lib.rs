@@ -4,7 +4,7 @@
 //! wiring the layers themselves.
 //!
 //! Here: the verbs (`crawl`, `replay`, `refetch`, `canonical`, `page`, `export`, `status`,
-//! `work`, `run_until_quiet`, `close`); in [`config`] the configuration and its checks; in
+//! `work`, `run_until_quiet`, `wait`, `close`); in [`config`] the configuration and its checks; in
 //! `open` the assembly ([`Pipeline::open`], [`Builder`]); in `error` [`PipelineError`]; in
 //! [`diff`] the semantic diff of two exports (`perc diff`, `perc replay --expect`).
 
@@ -55,6 +55,24 @@ impl Pipeline {
         what: &str,
         stop: &CancellationToken,
     ) -> Result<RunSummary> {
+        // A loader whose work other processes do waits on them.
+        self.run_quiet(what, self.config.workers.scanners == 0, stop).await
+    }
+
+    /// `perc wait`: joins in the work until nothing is pending, and (off a terminal) says the
+    /// backlog as it waits, as a loader that only watches does.
+    pub async fn wait(&self, stop: &CancellationToken) -> Result<RunSummary> {
+        self.run_quiet("wait", true, stop).await
+    }
+
+    /// [`Pipeline::run_until_quiet`]; `watching`: off a terminal, print the backlog every
+    /// [`BACKLOG_LINE_EVERY`].
+    async fn run_quiet(
+        &self,
+        what: &str,
+        watching: bool,
+        stop: &CancellationToken,
+    ) -> Result<RunSummary> {
         let started = Instant::now();
         tracing::debug!("starting the workers");
         let workers = Workers::start(self.engine.clone(), &tokio::runtime::Handle::current());
@@ -69,8 +87,6 @@ impl Pipeline {
         let mut failed = None;
         let mut nobody = Nobody::default();
         let mut last = Reported::new(&self.engine);
-        // `perc wait`, and a loader whose work other processes do, wait on others.
-        let watching = what == "wait" || self.config.workers.scanners == 0;
         let mut backlog_said = Instant::now();
         {
             let wait = workers.wait();
@@ -210,7 +226,8 @@ impl Pipeline {
     ) -> Result<(), perc_txn::TxnError> {
         let mut t = self.client.begin().await?;
         // A counter record that cannot be read starts over rather than stopping the run.
-        let mut all = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?).unwrap_or_default();
+        let raw = t.get(STATS_ROW, STATS_COLUMN).await?;
+        let mut all: StoredStats = decode_stored(raw, OBSERVER_COUNTERS).unwrap_or_default();
         for (name, add) in delta {
             let e = all.entry(name.clone()).or_default();
             for (slot, add) in e.iter_mut().zip(add) {
@@ -219,8 +236,7 @@ impl Pipeline {
         }
         if !hosts_delta.is_empty() {
             let raw = t.get(STATS_ROW, HOSTS_COLUMN).await?;
-            let mut hosts: StoredHosts =
-                raw.and_then(|r| serde_json::from_slice(&r).ok()).unwrap_or_default();
+            let mut hosts: StoredHosts = decode_stored(raw, HOST_COUNTERS).unwrap_or_default();
             for (host, [requests, failed, first, last]) in hosts_delta {
                 let h = hosts.entry(host.clone()).or_insert([0, 0, *first, *last]);
                 h[0] += requests;
@@ -566,12 +582,8 @@ impl Pipeline {
         let pending_by_observer = self.engine.pending_by_observer(1_000_000).await?;
         let pending = pending_by_observer.values().sum();
         let t = self.client.begin().await?;
-        let counters = decode_stats(t.get(STATS_ROW, STATS_COLUMN).await?)?;
-        let hosts: StoredHosts = match t.get(STATS_ROW, HOSTS_COLUMN).await? {
-            Some(raw) => serde_json::from_slice(&raw)
-                .map_err(|e| IndexError::corrupt("the stored host counters", e))?,
-            None => StoredHosts::default(),
-        };
+        let counters = decode_stored(t.get(STATS_ROW, STATS_COLUMN).await?, OBSERVER_COUNTERS)?;
+        let hosts = decode_stored(t.get(STATS_ROW, HOSTS_COLUMN).await?, HOST_COUNTERS)?;
         let parked = self.engine.failed_list().await?;
         let locks = self
             .store
@@ -630,13 +642,18 @@ const STATS_COLUMN: &[u8] = b"stats:observers";
 pub type StoredStats = std::collections::BTreeMap<String, [u64; 6]>;
 /// Requests to each host by every process so far: [requests, failed, first ms, last ms].
 const HOSTS_COLUMN: &[u8] = b"stats:hosts";
+const OBSERVER_COUNTERS: &str = "the stored observer counters";
+const HOST_COUNTERS: &str = "the stored host counters";
 pub type StoredHosts = std::collections::BTreeMap<String, [u64; 4]>;
 
-fn decode_stats(raw: Option<Bytes>) -> Result<StoredStats, IndexError> {
+/// A stored counter record (`what` names it in the error), or an empty one if none is stored.
+fn decode_stored<T: serde::de::DeserializeOwned + Default>(
+    raw: Option<Bytes>,
+    what: &str,
+) -> Result<T, IndexError> {
     match raw {
-        Some(v) => serde_json::from_slice(&v)
-            .map_err(|e| IndexError::corrupt("the stored observer counters", e)),
-        None => Ok(StoredStats::default()),
+        Some(v) => serde_json::from_slice(&v).map_err(|e| IndexError::corrupt(what, e)),
+        None => Ok(T::default()),
     }
 }
 
