@@ -4,8 +4,8 @@
 //! wiring the layers themselves.
 //!
 //! Here: the verbs (`crawl`, `replay`, `refetch`, `canonical`, `page`, `export`, `status`,
-//! `work`, `run_until_quiet`, `wait`, `close`); in [`config`] the configuration and its checks; in
-//! `open` the assembly ([`Pipeline::open`], [`Builder`]); in `error` [`PipelineError`]; in
+//! `work`, `run_until_quiet`, `wait`, `close`); in [`config`] the configuration and its
+//! checks; in `open` the assembly ([`Pipeline::open`], [`Builder`]); in `error` [`PipelineError`]; in
 //! [`diff`] the semantic diff of two exports (`perc diff`, `perc replay --expect`).
 
 pub mod config;
