@@ -46,10 +46,9 @@ impl Cluster {
         (Cluster { emulator, oracle_addr, table }, oracle)
     }
 
-    fn args(&self) -> Vec<String> {
-        let mut a =
-            vec!["--config".to_string(), root().join("config/bigtable.toml").display().to_string()];
-        for set in [
+    /// The `--set` values every process of the cluster gets.
+    fn sets(&self) -> Vec<String> {
+        vec![
             format!("bigtable.emulator={}", self.emulator.addr()),
             format!("bigtable.table={}", self.table),
             format!("oracle.server={}", self.oracle_addr),
@@ -61,7 +60,13 @@ impl Cluster {
             "workers.gather_ms=10".to_string(),
             "workers.gc_interval_ms=0".to_string(),
             "workers.report_ms=200".to_string(),
-        ] {
+        ]
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a =
+            vec!["--config".to_string(), root().join("config/bigtable.toml").display().to_string()];
+        for set in self.sets() {
             a.push("--set".into());
             a.push(set);
         }
@@ -493,15 +498,8 @@ fn a_loader_that_died_mid_commit_leaves_locks_the_rerun_waits_out_saying_so() {
     let liveness = ["--set", "txn.liveness_ttl_ms=3000"];
     // A loader dies between its prewrite and its commit point: its locks on the rows of the
     // WARC's first responses stay, and its heartbeat is fresh for 3 s more.
-    let args = cluster.args();
-    let file = Path::new(&args[1]);
-    let sets: Vec<String> = args[2..]
-        .iter()
-        .chain(&liveness.map(String::from))
-        .filter(|a| *a != "--set")
-        .cloned()
-        .collect();
-    let config = config::load(Some(file), &[], &sets).unwrap();
+    let sets = [cluster.sets(), vec![liveness[1].to_string()]].concat();
+    let config = config::load(Some(&root().join("config/bigtable.toml")), &[], &sets).unwrap();
     let mut urls = Vec::new();
     perc_crawl::warc::read_each(&wget, 1 << 20, |r| urls.push(r.url.to_string())).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -510,7 +508,8 @@ fn a_loader_that_died_mid_commit_leaves_locks_the_rerun_waits_out_saying_so() {
         let mut t = dead.client.begin().await.unwrap();
         for url in &urls[..10] {
             let row = perc_observers::model::page(url);
-            t.set(row, bytes::Bytes::from_static(b"crawl:raw"), b"half-loaded".to_vec());
+            let raw = bytes::Bytes::from_static(perc_observers::model::col::RAW);
+            t.set(row, raw, b"half-loaded".to_vec());
         }
         let crashed = t.commit_crashing_at(perc_txn::CommitStep::AfterPrewriteAll).await.unwrap();
         assert!(matches!(crashed, perc_txn::Crashed::BeforeCommitPoint));

@@ -192,7 +192,6 @@ pub struct Polite<F> {
     config: PolitenessConfig,
     global: tokio::sync::Semaphore,
     hosts: Mutex<HashMap<String, Arc<Host>>>,
-    counts: Mutex<HashMap<String, HostCount>>,
 }
 
 /// What one host was asked, for the crawl-rate report (`perc status`): requests made, those
@@ -209,6 +208,22 @@ pub struct HostCount {
 struct Host {
     permits: tokio::sync::Semaphore,
     slot: tokio::sync::Mutex<HostSlot>,
+    count: Mutex<HostCount>,
+}
+
+impl Host {
+    fn count(&self, failed: bool) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut c = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        if c.requests == 0 {
+            c.first_ms = now;
+        }
+        c.requests += 1;
+        c.failed += u64::from(failed);
+        c.last_ms = c.last_ms.max(now);
+    }
 }
 
 #[derive(Default)]
@@ -220,25 +235,17 @@ struct HostSlot {
 impl<F: Fetcher> Polite<F> {
     pub fn new(inner: F, config: PolitenessConfig) -> Polite<F> {
         let global = tokio::sync::Semaphore::new(config.concurrency_max.max(1));
-        let (hosts, counts) = (Mutex::new(HashMap::new()), Mutex::new(HashMap::new()));
-        Polite { inner, config, global, hosts, counts }
+        Polite { inner, config, global, hosts: Mutex::new(HashMap::new()) }
     }
 
     /// Every host asked so far, by `scheme://authority`.
     pub fn host_counts(&self) -> HashMap<String, HostCount> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn count(&self, url: &Url, failed: bool) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let key = format!("{}://{}", url.scheme(), url.authority());
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let c = counts.entry(key).or_insert(HostCount { first_ms: now, ..HostCount::default() });
-        c.requests += 1;
-        c.failed += u64::from(failed);
-        c.last_ms = c.last_ms.max(now);
+        let hosts = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
+        hosts
+            .iter()
+            .map(|(key, h)| (key.clone(), *h.count.lock().unwrap_or_else(|e| e.into_inner())))
+            .filter(|(_, c)| c.requests > 0)
+            .collect()
     }
 
     fn host(&self, url: &Url) -> Arc<Host> {
@@ -251,6 +258,7 @@ impl<F: Fetcher> Polite<F> {
                 Arc::new(Host {
                     permits: tokio::sync::Semaphore::new(per_host),
                     slot: tokio::sync::Mutex::new(HostSlot::default()),
+                    count: Mutex::new(HostCount::default()),
                 })
             })
             .clone()
@@ -285,7 +293,7 @@ impl<F: Fetcher> Fetcher for Polite<F> {
             let _permit = self.global.acquire().await.expect("semaphore never closed");
             self.inner.fetch(url).await
         };
-        self.count(url, result.as_ref().map_or(true, |r| r.status >= 400));
+        host.count(result.as_ref().map_or(true, |r| r.status >= 400));
         let mut slot = match held {
             Some(slot) => slot,
             None => host.slot.lock().await,
