@@ -5,8 +5,12 @@
 //! its number of aliases: every run folds the changes left for it since the last run.
 //!
 //! - Trigger: `indeg:dirty` of `p:<url>` (weak: set by invert on every change of the page's
-//!   inlinks, by parse when the page starts or stops redirecting, by alias when its
-//!   registration moves, and by the runs below; a popular page is a hot row).
+//!   inlinks, by parse when the page starts or stops redirecting or being a page, by alias
+//!   when its registration moves, and by the runs below; a popular page is a hot row).
+//! - **A URL not fetched, or fetched but neither a page nor a redirect** (most link targets
+//!   of a crawl), whose inlinks were not counted at an alias's end: nothing. Its in-degree
+//!   shows nowhere, and its change rows wait for the run parse asks for when it becomes a
+//!   page or a redirect; the run writes nothing, so it commits nothing.
 //! - **A page** (no redirect) reads its change rows `d:<url>\0<source>\0<ts>` (invert's ±1
 //!   per edge, or a 0 left by an alias as a mark to look at that source again; one row per
 //!   writing transaction, so each is written and deleted unchecked, and a run that folds any
@@ -42,7 +46,7 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col};
+use crate::model::{self, col, Meta};
 
 /// How many redirect hops an alias may be from its page (more than any redirect limit).
 pub const ALIAS_HOPS_MAX: usize = 16;
@@ -60,6 +64,12 @@ impl Observer for InDegree {
         let Some(url) = model::url_of(row) else { return Ok(()) };
         // Where this URL's inlinks were counted last time: absent for a page.
         let counted_at = txn.get(row, col::ALIAS_OF).await?;
+        if counted_at.is_none() && !counted(txn, row).await? {
+            // Not fetched, or not a page: its in-degree shows nowhere, so its change rows
+            // wait (parse tells this run again when the URL becomes a page or a redirect).
+            // Most link targets of a crawl are such URLs, and their runs then commit nothing.
+            return Ok(());
+        }
         let changes = take_changes(txn, url).await?;
         let folded = !changes.is_empty();
         let chain = chain_from(txn, url).await?;
@@ -81,6 +91,17 @@ impl Observer for InDegree {
         }
         Ok(())
     }
+}
+
+/// Whether a URL's inlinks are counted now: a page's, or an alias's (at its chain's end).
+async fn counted(txn: &Transaction, row: &Bytes) -> Result<bool, ObserverError> {
+    let meta = model::get_json::<Meta>(txn, row, col::META).await?;
+    Ok(meta.is_some_and(|m| counts_inlinks(&m.kind)))
+}
+
+/// The kinds of URL whose inlinks [`InDegree`] counts.
+pub fn counts_inlinks(kind: &str) -> bool {
+    kind == "page" || kind == "redirect"
 }
 
 /// The change rows left for `url` (source → net change of its edge), deleted here.

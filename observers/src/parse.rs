@@ -10,9 +10,10 @@
 //! - Then, in the same transaction, the page-local stages that read what it wrote: [`dedup`]
 //!   (`page:hash`), [`invert`] (`page:links`) and [`alias`] (`page:redirect`); each has its
 //!   contract in its module, and each does nothing when its input did not change.
-//! - Notifies: discover (`page:follow`); weakly, export when the meta changed and the page's
-//!   own indegree when its redirect changed (indegree branches on it; alias only notifies the
-//!   targets); and what the three stages notify.
+//! - Notifies: discover (`page:follow`); weakly, export when the meta changed, and the page's
+//!   own indegree when its redirect changed or it started or stopped being a page or a
+//!   redirect (indegree branches on both; alias only notifies the targets); and what the
+//!   three stages notify.
 //! - Twice is harmless: the same raw record gives the same values, and unchanged values are
 //!   not written, so nothing downstream runs.
 //!
@@ -26,7 +27,7 @@ use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
 use crate::model::{self, col, Follow, Meta};
-use crate::{alias, dedup, invert};
+use crate::{alias, dedup, indegree, invert};
 
 pub struct Parse;
 
@@ -102,6 +103,12 @@ impl Observer for Parse {
             }
             links.sort();
             follow.links.sort();
+        }
+        let kind_before = model::get_json::<Meta>(txn, row, col::META).await?.map(|m| m.kind);
+        let counted_before = kind_before.as_deref().is_some_and(indegree::counts_inlinks);
+        if counted_before != indegree::counts_inlinks(&meta.kind) {
+            // indegree counts the inlinks of pages and redirects only (see its module).
+            txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
         }
         if model::set_json_if_changed(txn, row, col::META, &meta).await? {
             txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));

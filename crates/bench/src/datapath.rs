@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use perc_crawl::warc::Recorded;
-use perc_pipeline::{Config, Pipeline};
+use perc_pipeline::Pipeline;
 use perc_store::{Counted, SledOptions, SledStore, Store};
 use perc_synth::{Spec, Web};
 use tokio_util::sync::CancellationToken;
@@ -82,7 +82,9 @@ pub fn one(warc: &Path) -> Result<()> {
 }
 
 async fn measure(warc: &Path) -> Result<Figures> {
-    let config = Config::defaults();
+    // The defaults, or what `PERC_<SECTION>_<KEY>` variables set (to measure a setting).
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let config = perc_pipeline::config::load(None, &env, &[])?;
     // The bare loop reads the records into memory first (reading is timed in neither).
     let (records, issues) = perc_crawl::warc::read(warc, config.crawl.body_bytes_max)?;
     if !issues.is_empty() {

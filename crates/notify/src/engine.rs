@@ -71,10 +71,22 @@ pub enum RunOutcome {
     NoObserver,
 }
 
+/// What one attempt at a notification did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Attempt {
+    /// Nothing changed since the observer's last run: it was not called.
+    Unchanged,
+    /// The observer ran and buffered nothing: no transaction to commit.
+    Idle,
+    /// The observer ran and its transaction committed.
+    Committed,
+}
+
 #[derive(Default)]
 struct Counters {
     runs: AtomicU64,
     commits: AtomicU64,
+    idle: AtomicU64,
     skipped: AtomicU64,
     conflicts: AtomicU64,
     failures: AtomicU64,
@@ -91,6 +103,8 @@ pub struct ObserverStats {
     pub runs: u64,
     /// Runs whose transaction committed.
     pub commits: u64,
+    /// Runs that found nothing to write, and so committed nothing.
+    pub idle: u64,
     /// Notifications cleared without a run (nothing changed since the last run).
     pub skipped: u64,
     /// Runs that ended in a write-write or lock conflict (and were retried).
@@ -357,14 +371,21 @@ impl Engine {
         loop {
             let started = Instant::now();
             match self.run_once(reg, p, counters, None).await {
-                Ok(ran) => {
-                    if ran {
-                        let us = started.elapsed().as_micros() as u64;
-                        counters.commits.fetch_add(1, Ordering::Relaxed);
-                        counters.latency_us_total.fetch_add(us, Ordering::Relaxed);
-                        counters.latency_us_max.fetch_max(us, Ordering::Relaxed);
-                    } else {
-                        counters.skipped.fetch_add(1, Ordering::Relaxed);
+                Ok(attempt) => {
+                    let ran = attempt != Attempt::Unchanged;
+                    match attempt {
+                        Attempt::Committed => {
+                            let us = started.elapsed().as_micros() as u64;
+                            counters.commits.fetch_add(1, Ordering::Relaxed);
+                            counters.latency_us_total.fetch_add(us, Ordering::Relaxed);
+                            counters.latency_us_max.fetch_max(us, Ordering::Relaxed);
+                        }
+                        Attempt::Idle => {
+                            counters.idle.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Attempt::Unchanged => {
+                            counters.skipped.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     self.store().mutate_rows(&[notify_delete(p)]).await?;
                     self.succeeded(&key).await?;
@@ -413,18 +434,19 @@ impl Engine {
             .registry
             .get(&p.column)
             .ok_or_else(|| ObserverError::Failed("no observer watches this column".into()))?;
-        self.run_once(reg, p, &self.counters[&reg.name], Some(step)).await
+        let attempt = self.run_once(reg, p, &self.counters[&reg.name], Some(step)).await?;
+        Ok(attempt != Attempt::Unchanged)
     }
 
-    /// One attempt: returns whether the observer ran (and committed, unless `crash` stopped
-    /// the commit).
+    /// One attempt: whether the observer ran, and if so whether it committed (unless `crash`
+    /// stopped the commit) or had nothing to commit.
     async fn run_once(
         &self,
         reg: &Registration,
         p: &Pending,
         counters: &Counters,
         crash: Option<CommitStep>,
-    ) -> Result<bool, ObserverError> {
+    ) -> Result<Attempt, ObserverError> {
         let mut txn = self.client.begin().await?;
         let ack_column = reg.ack_column();
         // One read for the ack, the trigger's newest commit and the columns of this row the
@@ -447,13 +469,19 @@ impl Engine {
             NotifyKind::Weak => p.ts > ack,
         };
         if !changed {
-            return Ok(false);
+            return Ok(Attempt::Unchanged);
         }
-        txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
         counters.runs.fetch_add(1, Ordering::Relaxed);
         let result = reg.observer.observe(&mut txn, &p.row, &p.column).await;
         self.learn(reg, p, &txn);
         result?;
+        if txn.is_empty() {
+            // The run found nothing to change: it commits nothing, not even its ack (a
+            // transaction of two conditional mutations and a flush). A second run of the same
+            // notification, should the clear below be lost, reads and writes nothing again.
+            return Ok(Attempt::Idle);
+        }
+        txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
         match crash {
             None => {
                 txn.commit().await?;
@@ -465,7 +493,7 @@ impl Engine {
             #[cfg(not(feature = "failpoints"))]
             Some(_) => unreachable!("crash points come only with the failpoints feature"),
         }
-        Ok(true)
+        Ok(Attempt::Committed)
     }
 
     /// Columns of the notified row that `observer` read in earlier runs.
@@ -633,6 +661,7 @@ impl Engine {
                     name: name.clone(),
                     runs: c.runs.load(Ordering::Relaxed),
                     commits,
+                    idle: c.idle.load(Ordering::Relaxed),
                     skipped: c.skipped.load(Ordering::Relaxed),
                     conflicts: c.conflicts.load(Ordering::Relaxed),
                     failures: c.failures.load(Ordering::Relaxed),

@@ -271,6 +271,11 @@ impl Transaction {
         Ok(found.into_iter().filter_map(|(row, v)| v.map(|v| (row, v))).collect())
     }
 
+    /// Whether the transaction has nothing to commit: no write and no notification buffered.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.weak.is_empty()
+    }
+
     /// Buffers a weak notification of `(row, column)`: set at commit without a write, so
     /// it conflicts with nothing (for hot rows, such as counters with many writers).
     pub fn notify(&mut self, row: impl Into<Bytes>, column: impl Into<Bytes>) {
