@@ -4,7 +4,9 @@
 //! per input byte after a garbage collection (by sled tree and by column group), and peak
 //! RSS. Each WARC runs in a child process of its own (`perc-bench datapath-one`), so that its
 //! peak RSS is its own. Without `--warc`, two perc-synth webs: 5000 pages, and 1000
-//! link-heavy pages (300-400 links each, like API documentation).
+//! link-heavy pages (300-400 links each, like API documentation); and a real web, the Rust
+//! standard library's documentation (rustup's `rust-docs`) served by perc's static site
+//! server on 127.0.0.1 and recorded by `wget --warc-file`, as issue #9 measured it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -151,6 +153,41 @@ async fn measure(warc: &Path) -> Result<Figures> {
     })
 }
 
+/// Records the Rust standard library's documentation as a WARC at `out`: the docs of the
+/// toolchain that runs this (rustup's `rust-docs` component), served on a free port of
+/// 127.0.0.1, crawled by wget from `std/index.html` without climbing above `std/`, HTML only.
+pub fn std_docs_warc(out: &Path) -> Result<()> {
+    let sysroot = std::process::Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .context("run rustc --print sysroot")?;
+    let html = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim())
+        .join("share/doc/rust/html");
+    if !html.join("std/index.html").is_file() {
+        bail!("no {}/std/index.html (rustup component add rust-docs)", html.display());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let site = rt.block_on(perc_cli::site::serve(&html))?;
+    let scratch = tempfile::tempdir()?;
+    let stem = out.to_string_lossy();
+    let stem = stem.strip_suffix(".warc.gz").ok_or_else(|| anyhow!("{stem}: not a .warc.gz"))?;
+    let status = std::process::Command::new("wget")
+        .args(["--quiet", "--recursive", "--no-parent", "--level=inf", "--no-warc-keep-log"])
+        .arg(r"--reject-regex=\.(js|css|svg|woff2?|png|ico|txt|json)$")
+        .arg(format!("--warc-file={stem}"))
+        .arg("--directory-prefix")
+        .arg(scratch.path())
+        .arg(site.base().join("std/index.html")?.as_str())
+        .status()
+        .context("run wget (apt-get install wget)")?;
+    // 8: some links led to a 404, as links in these docs do to crates not built here.
+    if !matches!(status.code(), Some(0 | 8)) {
+        bail!("wget failed: {status}");
+    }
+    drop(site);
+    Ok(())
+}
+
 /// The parent: the given WARCs (or two generated ones), each in a child, then the tables.
 pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
     println!("# perc-bench datapath (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
@@ -164,6 +201,11 @@ pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
         let linked = tmp.path().join("link-heavy.warc.gz");
         perc_synth::write::warc(&Web::new(heavy), &linked)?;
         files = vec![synth, linked];
+        let std_docs = tmp.path().join("std-docs.warc.gz");
+        match std_docs_warc(&std_docs) {
+            Ok(()) => files.push(std_docs),
+            Err(e) => println!("(not measured: the std docs web: {e:#})"),
+        }
     }
     let exe = std::env::current_exe()?;
     let mut all: Vec<Figures> = Vec::new();

@@ -60,6 +60,9 @@ enum Suite {
     /// One WARC of `datapath`, in a process of its own (run by `datapath`).
     #[command(hide = true)]
     DatapathOne { warc: std::path::PathBuf },
+    /// Records the Rust std docs as a WARC (the real web `datapath` measures), to measure it
+    /// again with `datapath --warc OUT`.
+    StdDocsWarc { out: std::path::PathBuf },
     /// Every suite.
     All,
 }
@@ -76,6 +79,7 @@ fn main() -> anyhow::Result<()> {
         Suite::Datapath { warcs } => datapath::run(args.scale, &warcs),
         Suite::DatapathOne { warc } => datapath::one(&warc),
         Suite::SledLayout => layout::run(args.scale),
+        Suite::StdDocsWarc { out } => datapath::std_docs_warc(&out),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
