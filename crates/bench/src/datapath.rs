@@ -161,8 +161,8 @@ pub fn std_docs_warc(out: &Path) -> Result<()> {
         .args(["--print", "sysroot"])
         .output()
         .context("run rustc --print sysroot")?;
-    let html = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim())
-        .join("share/doc/rust/html");
+    let html =
+        PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim()).join("share/doc/rust/html");
     if !html.join("std/index.html").is_file() {
         bail!("no {}/std/index.html (rustup component add rust-docs)", html.display());
     }

@@ -371,9 +371,9 @@ impl Engine {
         loop {
             let started = Instant::now();
             match self.run_once(reg, p, counters, None).await {
-                Ok(attempt) => {
-                    let ran = attempt != Attempt::Unchanged;
-                    match attempt {
+                Ok(done) => {
+                    let ran = done != Attempt::Unchanged;
+                    match done {
                         Attempt::Committed => {
                             let us = started.elapsed().as_micros() as u64;
                             counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -387,7 +387,9 @@ impl Engine {
                             counters.skipped.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    self.store().mutate_rows(&[notify_delete(p)]).await?;
+                    if done != Attempt::Committed {
+                        self.store().mutate_rows(&[notify_delete(p)]).await?;
+                    }
                     self.succeeded(&key).await?;
                     if ran {
                         tracing::debug!(observer = %reg.name, row = %p.row.escape_ascii(), "observer ran");
@@ -482,6 +484,8 @@ impl Engine {
             return Ok(Attempt::Idle);
         }
         txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
+        // The notification is cleared in the call that commits the secondaries.
+        txn.after_commit(notify_delete(p));
         match crash {
             None => {
                 txn.commit().await?;

@@ -573,6 +573,67 @@ fn notification_without_observer_is_cleared() {
     });
 }
 
+/// Writes `seen` on its row and on row `other` when the watched value is "go"; otherwise
+/// reads it and writes nothing.
+struct WritesOnGo;
+
+#[async_trait]
+impl Observer for WritesOnGo {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        if text(txn.get(row, column).await?) == "go" {
+            txn.set(row.clone(), "seen", "yes");
+            txn.set("other", "seen", "yes");
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_run_that_writes_nothing_commits_nothing_and_a_commit_clears_its_notification() {
+    rt().block_on(async {
+        let mut reg = Registry::new();
+        reg.register("G", "v", NotifyKind::Strong, Arc::new(WritesOnGo)).unwrap();
+        let counted = Arc::new(perc_store::Counted::new(MemStore::new(perc_notify::schema())));
+        let env = Env::new(counted.clone(), reg, true).await;
+        let engine = env.engine(NotifyConfig::default()).await;
+        let ack = "perc.ack:G";
+
+        // Nothing to write: the notification goes, with no transaction (not even the ack),
+        // so no conditional mutation and one batched call (the clear).
+        env.write("r", "v", "wait").await;
+        let before = counted.counts();
+        assert_eq!(engine.run_until_quiet().await.unwrap().ran, 1);
+        let after = counted.counts();
+        assert_eq!(after.check_and_mutate - before.check_and_mutate, 0);
+        assert_eq!(after.mutate_rows - before.mutate_rows, 1);
+        assert_eq!(env.notify_cells().await, 0);
+        assert_eq!(env.read("r", ack).await, None);
+        let stats = engine.stats();
+        assert_eq!((stats[0].runs, stats[0].idle, stats[0].commits), (1, 1, 0));
+
+        // A run with writes commits (the prewrites of its two rows, the primary's commit)
+        // and clears its notification in the call that commits the secondary: one batched
+        // call in all.
+        env.write("r", "v", "go").await;
+        let before = counted.counts();
+        assert_eq!(engine.run_until_quiet().await.unwrap().ran, 1);
+        let after = counted.counts();
+        assert_eq!(after.check_and_mutate - before.check_and_mutate, 3);
+        assert_eq!(after.mutate_rows - before.mutate_rows, 1);
+        assert_eq!(env.read("other", "seen").await.as_deref(), Some("yes"));
+        assert_eq!(env.notify_cells().await, 0);
+        assert_eq!(env.read("r", "seen").await.as_deref(), Some("yes"));
+        assert!(env.read("r", ack).await.is_some());
+        let stats = engine.stats();
+        assert_eq!((stats[0].runs, stats[0].idle, stats[0].commits), (2, 1, 1));
+    });
+}
+
 async fn write_records(store: &Arc<dyn Store>, row: &str) -> usize {
     let scan = Scan {
         family: "write",

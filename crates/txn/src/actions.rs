@@ -287,8 +287,22 @@ pub async fn commit_secondaries(
     rows: &[(Bytes, Vec<(Bytes, WriteKind)>)],
     start_ts: Ts,
     commit_ts: Ts,
+    mut also: Vec<RowMutation>,
 ) -> Result<(), TxnError> {
-    mutate_each(store, rows, |_, cells| commit_mutations(cells, start_ts, commit_ts)).await
+    if also.is_empty() {
+        return mutate_each(store, rows, |_, cells| commit_mutations(cells, start_ts, commit_ts))
+            .await;
+    }
+    let mut batch: Vec<RowMutation> = rows
+        .iter()
+        .map(|(row, cells)| RowMutation {
+            row: row.clone(),
+            mutations: commit_mutations(cells, start_ts, commit_ts),
+        })
+        .collect();
+    batch.append(&mut also);
+    store.mutate_rows(&batch).await?;
+    Ok(())
 }
 
 /// The state of the transaction that started at `start_ts`, read at its primary.

@@ -69,6 +69,7 @@ impl Transaction {
         let writes = std::mem::take(&mut self.writes);
         let unchecked = std::mem::take(&mut self.unchecked);
         let weak = std::mem::take(&mut self.weak);
+        let after_commit = std::mem::take(&mut self.after_commit);
         let client = self.client.clone();
         let store = client.store().as_ref();
         let start_ts = self.start_ts;
@@ -76,6 +77,9 @@ impl Transaction {
             if !weak.is_empty() {
                 let ts = client.oracle().next().await?;
                 set_notifications(store, weak, ts).await?;
+            }
+            if !after_commit.is_empty() {
+                store.mutate_rows(&after_commit).await?;
             }
             return Ok(Outcome::Committed(None));
         }
@@ -199,10 +203,11 @@ impl Transaction {
             secondaries.iter().map(|(row, cells)| (row.clone(), kinds(cells))).collect();
         if crash == Some(CommitStep::MidSecondaries) {
             commit_rows.truncate(commit_rows.len() / 2);
-            actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts).await?;
+            actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, Vec::new())
+                .await?;
             return Ok(Outcome::Crashed(Crashed::AfterCommitPoint(commit_ts)));
         }
-        actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts).await?;
+        actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, after_commit).await?;
         Ok(Outcome::Committed(Some(commit_ts)))
     }
 }

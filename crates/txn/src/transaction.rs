@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use bytes::Bytes;
-use perc_store::{ColumnRead, RowRead, Ts, TsRange};
+use perc_store::{ColumnRead, RowMutation, RowRead, Ts, TsRange};
 
 use crate::actions::{self, data_col, lock_col, write_col};
 use crate::{error, Client, LockRecord, Resolution, TxnError, WriteKind, WriteRecord};
@@ -20,6 +20,9 @@ pub struct Transaction {
     pub(crate) unchecked: BTreeSet<(Bytes, Bytes)>,
     /// Weak notifications to set at commit.
     pub(crate) weak: BTreeSet<(Bytes, Bytes)>,
+    /// Bookkeeping outside the transaction, applied once it has committed (see
+    /// [`Self::after_commit`]).
+    pub(crate) after_commit: Vec<RowMutation>,
     /// Snapshot reads already resolved. A snapshot never changes once its locks are
     /// resolved, so each cell is read from the store at most once per transaction.
     pub(crate) reads: Mutex<HashMap<(Bytes, Bytes), Option<Version>>>,
@@ -274,6 +277,15 @@ impl Transaction {
     /// Whether the transaction has nothing to commit: no write and no notification buffered.
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty() && self.weak.is_empty()
+    }
+
+    /// An unconditional mutation outside the transaction, applied only if it commits, after
+    /// the commit point, in the batched call that commits the secondaries (no call of its
+    /// own). For bookkeeping whose loss in a crash is harmless, such as clearing the
+    /// notification the transaction's run answered: not for data, which a reader must see
+    /// atomically with the transaction's writes.
+    pub fn after_commit(&mut self, mutation: RowMutation) {
+        self.after_commit.push(mutation);
     }
 
     /// Buffers a weak notification of `(row, column)`: set at commit without a write, so
