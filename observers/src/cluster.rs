@@ -1,16 +1,16 @@
-//! cluster: canonical choice per duplicate cluster (SPEC §6.4).
+//! cluster: canonical choice per duplicate cluster (SPEC §6.4), and anchor forwarding to it.
 //!
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes and by
 //!   indegree when a member's in-degree or names change).
 //! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `indeg:indeg`,
 //!   `page:canonical` and `indeg:names`.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
-//!   canonical changed. The canonical is the member with the highest in-degree; ties go to the
-//!   shorter URL, then the lexicographically smaller. `cluster:digest` on the head: a digest of
-//!   what forward of the canonical reads (the canonical and its members' names).
-//! - Notifies: forward of the canonical when that digest changed (not on every change of an
-//!   in-degree: forward's output does not depend on it), and export and forward of every
-//!   member whose canonical changed (weakly).
+//!   canonical changed, with the member's `dedup:registered` written back unchanged (see
+//!   [`hold_membership`]). The canonical is the member with the highest in-degree; ties go to the
+//!   shorter URL, then the lexicographically smaller.
+//! - Then, in the same transaction, [`forward`] (the canonical's `fwd:names`), from the names
+//!   read here; its contract is in its module.
+//! - Notifies: export of every member whose canonical changed (weakly).
 //! - Twice is harmless: the choice is a function of the current rows; only differences are
 //!   written.
 
@@ -21,9 +21,20 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
+use crate::forward;
 use crate::model::{self, col};
 
 pub struct Cluster;
+
+/// Writes back, unchanged, the registration of a member whose row this run writes
+/// (`dedup:registered` = the cluster's hash, as the membership row just read says): a write
+/// skew otherwise. dedup may move the page to another cluster after this snapshot, whose run
+/// may then find nothing to change on the page's row and write nothing there; this run's
+/// stale write to the row would stand. Writing the cell dedup writes turns the skew into a
+/// write-write conflict, so this run retries and sees the move.
+pub fn hold_membership(txn: &mut Transaction, member_row: &Bytes, hash: &str) {
+    txn.set(member_row.clone(), Bytes::from_static(col::HASH_REGISTERED), hash.to_string());
+}
 
 /// The members of a cluster, by URL.
 pub async fn members(txn: &Transaction, hash: &str) -> Result<Vec<String>, ObserverError> {
@@ -45,7 +56,6 @@ impl Observer for Cluster {
         let members = members(txn, &hash).await?;
         if members.is_empty() {
             model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
-            model::delete_if_present(txn, row, col::CLUSTER_DIGEST).await?;
             return Ok(());
         }
         let keys: Vec<(Bytes, Bytes)> = members
@@ -72,21 +82,13 @@ impl Observer for Cluster {
             if got[3 * i + 1].as_deref() != Some(canonical.as_bytes()) {
                 let member_row = model::page(m);
                 txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
-                txn.notify(member_row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
-                txn.notify(member_row, Bytes::from_static(col::FWD_DIRTY));
+                hold_membership(txn, &member_row, &hash);
+                txn.notify(member_row, Bytes::from_static(col::EXPORT_DIRTY));
             }
         }
-        // What forward of the canonical reads: tell it only when that changed.
-        let names = model::names_union((0..members.len()).filter_map(|i| got[3 * i + 2].as_ref()))?;
-        let mut digest = blake3::Hasher::new();
-        digest.update(canonical.as_bytes());
-        for name in &names {
-            digest.update(b"\n").update(name.as_bytes());
-        }
-        let digest = Bytes::from(digest.finalize().to_hex().to_string());
-        if model::set_if_changed(txn, row, col::CLUSTER_DIGEST, digest).await? {
-            txn.notify(model::page(&canonical), Bytes::from_static(col::FWD_DIRTY));
-        }
+        let names: Vec<Option<Bytes>> =
+            (0..members.len()).map(|i| got[3 * i + 2].clone()).collect();
+        forward::run(txn, &hash, &members, &names, &canonical).await?;
         Ok(())
     }
 }

@@ -1,6 +1,6 @@
 //! export: keeps the serving copy of each page current (SPEC §6.6).
 //!
-//! - Trigger: `export:dirty` of `p:<url>` (weak: set by parse, indegree, cluster and forward).
+//! - Trigger: `export:dirty` of `p:<url>` (weak: set by parse, indegree and cluster).
 //! - Reads: `page:meta`, `page:canonical`, `indeg:indeg`.
 //! - Writes: `export:line`, the page's JSON line without its inlinks (readers join those from
 //!   the `e:` rows, see [`crate::model::full_line`]), or removes it when the URL is not (or

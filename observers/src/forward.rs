@@ -1,52 +1,53 @@
 //! forward: anchor forwarding to the canonical (SPEC §6.4): the canonical page carries the
 //! inlinks of every member of its cluster (and of their aliases).
 //!
-//! - Trigger: `fwd:dirty` of `p:<url>` (weak: set by cluster when the page's canonical, or
-//!   the canonical and the names this reads, changed).
-//! - Reads: the page's `page:canonical` and `dedup:registered` (the cluster dedup put it in:
-//!   cluster tells us about registrations, not about a passing `page:hash` dedup has not
-//!   handled yet), the cluster's members, and each member's `indeg:names`.
-//! - Writes: `fwd:names` = the union of the members' names (pages and aliases), sorted, if
-//!   the page is its cluster's canonical; otherwise removes it. The inlinks themselves stay in
-//!   their `e:` rows, where invert keeps them current; readers join them through these
-//!   names, so an inlink that changes costs no rewrite here, however many the page has.
+//! - Runs: in the cluster head's run, after cluster chose the canonical from the members it
+//!   read (one transaction for both: what forwarding reads is what the choice read).
+//! - Reads: each member's `fwd:names` (the members' `indeg:names` come from cluster).
+//! - Writes: on the canonical, `fwd:names` = the union of the members' names (pages and
+//!   aliases), sorted; on every other member, removes it. A page that left the cluster is
+//!   its new cluster's member (which sets or removes its names) or no page at all (whose
+//!   line nobody reads). The inlinks themselves stay in their `e:` rows, where invert keeps
+//!   them current; readers join them through these names, so an inlink that changes costs
+//!   no rewrite here, however many the page has.
 //! - Notifies: nobody (the export line's inlinks are joined when it is read).
+//! - Writes back each written member's `dedup:registered` unchanged, as cluster does (see
+//!   [`cluster::hold_membership`]).
 //! - Twice is harmless: a function of the current rows, written only when different.
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use perc_notify::{Observer, ObserverError};
+use perc_notify::ObserverError;
 use perc_txn::Transaction;
 
-use crate::cluster::members;
+use crate::cluster;
 use crate::model::{self, col};
 
-pub struct Forward;
-
-#[async_trait]
-impl Observer for Forward {
-    async fn observe(
-        &self,
-        txn: &mut Transaction,
-        row: &Bytes,
-        _column: &Bytes,
-    ) -> Result<(), ObserverError> {
-        let Some(url) = model::url_of(row) else { return Ok(()) };
-        let canonical = txn.get(row, col::CANONICAL).await?.unwrap_or_default();
-        // The cluster dedup registered the page in, which is the one cluster reads and tells
-        // us about: the page's current hash may be a passing one dedup has not seen yet.
-        let hash =
-            String::from_utf8_lossy(&txn.get(row, col::HASH_REGISTERED).await?.unwrap_or_default())
-                .into_owned();
-        if hash.is_empty() || canonical != url.as_bytes() {
-            model::delete_if_present(txn, row, col::FWD_NAMES).await?;
-            return Ok(());
+/// The stage, in the cluster head's transaction: `members` of the cluster of `hash`, `names`
+/// each member's `indeg:names` as cluster read them, and the `canonical` it chose.
+pub async fn run(
+    txn: &mut Transaction,
+    hash: &str,
+    members: &[String],
+    names: &[Option<Bytes>],
+    canonical: &str,
+) -> Result<(), ObserverError> {
+    let keys: Vec<(Bytes, Bytes)> =
+        members.iter().map(|m| (model::page(m), Bytes::from_static(col::FWD_NAMES))).collect();
+    let forwarded = txn.get_many(&keys).await?;
+    let all = model::names_union(names.iter().flatten())?;
+    for (m, had) in members.iter().zip(forwarded) {
+        let row = model::page(m);
+        let wrote = if m == canonical {
+            model::set_json_if_changed(txn, &row, col::FWD_NAMES, &all).await?
+        } else if had.is_some() {
+            txn.delete(row.clone(), Bytes::from_static(col::FWD_NAMES));
+            true
+        } else {
+            false
+        };
+        if wrote {
+            cluster::hold_membership(txn, &row, hash);
         }
-        let members = members(txn, &hash).await?;
-        let keys: Vec<(Bytes, Bytes)> =
-            members.iter().map(|m| (model::page(m), Bytes::from_static(col::NAMES))).collect();
-        let all = model::names_union(txn.get_many(&keys).await?.iter().flatten())?;
-        model::set_json_if_changed(txn, row, col::FWD_NAMES, &all).await?;
-        Ok(())
     }
+    Ok(())
 }

@@ -8,9 +8,10 @@
 //!   inlinks, by parse when the page starts or stops redirecting or being a page, by alias
 //!   when its registration moves, and by the runs below; a popular page is a hot row).
 //! - **A URL not fetched, or fetched but neither a page nor a redirect** (most link targets
-//!   of a crawl), whose inlinks were not counted at an alias's end: nothing. Its in-degree
-//!   shows nowhere, and its change rows wait for the run parse asks for when it becomes a
-//!   page or a redirect; the run writes nothing, so it commits nothing.
+//!   of a crawl), whose inlinks were not counted at an alias's end: no counting. Its
+//!   in-degree shows nowhere, and its change rows wait for the run parse asks for when it
+//!   becomes a page or a redirect; the run writes nothing (so it commits nothing) unless its
+//!   redirect cell was rewritten (below).
 //! - **A page** (no redirect) reads its change rows `d:<url>\0<source>\0<ts>` (invert's ±1
 //!   per edge, or a 0 left by an alias as a mark to look at that source again; one row per
 //!   writing transaction, so each is written and deleted unchecked, and a run that folds any
@@ -64,25 +65,28 @@ impl Observer for InDegree {
         let Some(url) = model::url_of(row) else { return Ok(()) };
         // Where this URL's inlinks were counted last time: absent for a page.
         let counted_at = txn.get(row, col::ALIAS_OF).await?;
-        if counted_at.is_none() && !counted(txn, row).await? {
-            // Not fetched, or not a page: its in-degree shows nowhere, so its change rows
-            // wait (parse tells this run again when the URL becomes a page or a redirect).
-            // Most link targets of a crawl are such URLs, and their runs then commit nothing.
-            return Ok(());
-        }
-        let changes = take_changes(txn, url).await?;
+        // Not fetched, or not a page: its in-degree shows nowhere, so its change rows wait
+        // (parse tells this run again when the URL becomes a page or a redirect). Most link
+        // targets of a crawl are such URLs, and their runs then commit nothing.
+        let counting = counted_at.is_some() || counted(txn, row).await?;
+        let changes = if counting { take_changes(txn, url).await? } else { BTreeMap::new() };
         let folded = !changes.is_empty();
         let chain = chain_from(txn, url).await?;
-        if chain.hops == 0 {
+        if counting && chain.hops == 0 {
             as_page(txn, row, url, counted_at, changes).await?;
-        } else {
+        } else if counting {
             as_alias(txn, row, url, chain.end.clone(), counted_at, changes).await?;
         }
         // The URLs redirecting straight here read every redirect this one's chain reads: if
         // any of them was rewritten since the last run (even if back to what it was, or
-        // leaving the end as it was), their ends may have changed too.
+        // leaving the end as it was), their ends may have changed too. This holds for a URL
+        // not counted too: a redirect that came and went before its first run here leaves
+        // aliases that counted through it. A URL never fetched has no redirect cell to have
+        // been rewritten ("0"), and no stamp written.
         let stamp = Bytes::from(chain.stamp);
-        if model::set_if_changed(txn, row, col::CHAIN, stamp.clone()).await? {
+        let before = txn.get(row, col::CHAIN).await?.unwrap_or_else(|| Bytes::from_static(b"0"));
+        if before != stamp {
+            txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
             notify_direct_aliases(txn, url).await?;
         } else if folded {
             // Written even when unchanged: two runs that fold the same change rows (deleted
@@ -370,7 +374,7 @@ async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<(), O
 ///
 /// The cluster is the one dedup has registered the page in (`dedup:registered`), and that
 /// cell is written back unchanged: a write skew otherwise. A concurrent dedup could move the
-/// page to another cluster after this snapshot, that cluster's forward could read our inlinks
+/// page to another cluster after this snapshot, that cluster's run could read our names
 /// before we commit, and we would tell the old cluster. Writing the cell makes the two
 /// transactions conflict, so one of them retries and sees the other.
 async fn notify_downstream(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {

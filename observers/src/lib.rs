@@ -1,14 +1,15 @@
 //! The indexing pipeline: ten stages, each doing one job and writing what the next one
-//! watches (SPEC §6), and the loaders and queries around them. Seven are observers with a
+//! watches (SPEC §6), and the loaders and queries around them. Six are observers with a
 //! trigger column of their own; dedup, invert and alias run inside parse's transaction (they
-//! read only the page's own row, which parse has just written: one run per page, not four).
+//! read only the page's own row, which parse has just written: one run per page, not four),
+//! and forward inside cluster's (it reads what cluster's choice read).
 //!
 //! ```text
 //!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► (+ dedup) ────────────┐
 //!     (replay writes crawl:raw directly)      one run:   ├─► (+ invert) ──────────┤ indeg:dirty
 //!                                                        ├─► (+ alias) ───────────┘   │
 //!                                                        └─► page:follow ─► discover  ▼
-//!                        export ◄─ forward ◄─ cluster ◄──────────── cluster:dirty ◄─ indegree
+//!                    export ◄─ cluster (+ forward) ◄────────────── cluster:dirty ◄─ indegree
 //!                        (every stage that changes what a page shows notifies export)
 //! ```
 //!
@@ -51,7 +52,6 @@ pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
     r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
     r.register("indegree", col::INDEG_DIRTY, NotifyKind::Weak, Arc::new(indegree::InDegree))?;
     r.register("cluster", col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
-    r.register("forward", col::FWD_DIRTY, NotifyKind::Weak, Arc::new(forward::Forward))?;
     r.register("export", col::EXPORT_DIRTY, NotifyKind::Weak, Arc::new(export::Export))?;
     Ok(r)
 }

@@ -12,8 +12,8 @@
 //!                          page:canonical                               cluster
 //!                          indeg:indeg  in-degree                       indegree
 //!                          indeg:names  the page and its aliases        indegree
-//!                          fwd:names    the names whose inlinks the     forward
-//!                                       canonical carries
+//!                          fwd:names    the names whose inlinks the     forward (in
+//!                                       canonical carries               cluster's run)
 //!                          export:line  the serving copy (JSON; its     export
 //!                                       inlinks are read from the e: rows of fwd:names)
 //!                          dedup:registered, alias:done                 their stages' memory
@@ -37,7 +37,6 @@
 //!   a:<page>\0<alias>      indeg:alias  the alias's chain ends here     indegree (the alias's)
 //!   r:<target>\0<source>   alias:from   (source redirects to target)    alias
 //!   c:<hash>               cluster:canonical                            cluster
-//!                          cluster:digest  of what forward reads        cluster
 //!   c:<hash>\0<url>        cluster:member                               dedup
 //!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
 //! ```
@@ -48,7 +47,7 @@
 //! whole, on every change of any of its inlinks (O(in-degree) per update). The export line
 //! holds the page's own fields, and readers join the canonical's inlinks from the `e:` rows
 //! of its `fwd:names` ([`inlinks`]). Hot
-//! rows (`indeg:dirty`, `cluster:dirty`, `fwd:dirty`, `export:dirty`) are only ever notified
+//! rows (`indeg:dirty`, `cluster:dirty`, `export:dirty`) are only ever notified
 //! weakly: many writers, no conflicts.
 
 use bytes::Bytes;
@@ -77,11 +76,9 @@ pub mod col {
     pub const DELTA: &[u8] = b"indeg:delta";
     pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
     pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
-    pub const CLUSTER_DIGEST: &[u8] = b"cluster:digest";
     pub const MEMBER: &[u8] = b"cluster:member";
     pub const EDGE: &[u8] = b"edge:anchor";
     pub const ALIAS_FROM: &[u8] = b"alias:from";
-    pub const FWD_DIRTY: &[u8] = b"fwd:dirty";
     pub const FWD_NAMES: &[u8] = b"fwd:names";
     pub const EXPORT_DIRTY: &[u8] = b"export:dirty";
     pub const EXPORT_LINE: &[u8] = b"export:line";
