@@ -86,8 +86,13 @@ impl Observer for InDegree {
         let stamp = Bytes::from(chain.stamp);
         let before = txn.get(row, col::CHAIN).await?.unwrap_or_else(|| Bytes::from_static(b"0"));
         if before != stamp {
-            txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
-            notify_direct_aliases(txn, url).await?;
+            let told = notify_direct_aliases(txn, url).await?;
+            // A URL not counted and with no alias to tell keeps no stamp, so that its run
+            // still commits nothing (a 404 that links point at); should an alias register
+            // later, the stamp differs and it is told.
+            if counting || told > 0 {
+                txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
+            }
         } else if folded {
             // Written even when unchanged: two runs that fold the same change rows (deleted
             // unchecked) must conflict, or both would count them.
@@ -363,11 +368,13 @@ async fn own_sources(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, O
 }
 
 /// Tells the URLs redirecting straight to `url` that their chain's end may have changed.
-async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<(), ObserverError> {
-    for source in model::child_keys(txn, "r:", url, col::ALIAS_FROM).await? {
-        txn.notify(model::page(&source), Bytes::from_static(col::INDEG_DIRTY));
+/// Returns how many it told.
+async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<usize, ObserverError> {
+    let sources = model::child_keys(txn, "r:", url, col::ALIAS_FROM).await?;
+    for source in &sources {
+        txn.notify(model::page(source), Bytes::from_static(col::INDEG_DIRTY));
     }
-    Ok(())
+    Ok(sources.len())
 }
 
 /// Tells the page's cluster and its export that its in-degree changed.

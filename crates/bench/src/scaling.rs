@@ -35,9 +35,10 @@ struct Figures {
     disk_bytes: u64,
     p50_ms: f64,
     p99_ms: f64,
-    /// Per update, on average: store calls, and by observer (name, runs, mean run in µs).
+    /// Per update, on average: store calls, and by observer (name, runs, conflicted runs,
+    /// mean committed run in µs).
     update_calls: f64,
-    update_runs: Vec<(String, f64, f64)>,
+    update_runs: Vec<(String, f64, f64, f64)>,
 }
 
 /// The peak resident set of this process, from /proc.
@@ -125,9 +126,10 @@ async fn measure(pages: usize) -> Result<Figures> {
             let busy = |s: &perc_notify::ObserverStats| (s.latency_us_mean * s.commits) as f64;
             let commits = (after.commits - before.commits).max(1) as f64;
             let runs = (after.runs - before.runs) as f64 / UPDATES as f64;
-            (after.name.clone(), runs, (busy(&after) - busy(&before)) / commits)
+            let conflicts = (after.conflicts - before.conflicts) as f64 / UPDATES as f64;
+            (after.name.clone(), runs, conflicts, (busy(&after) - busy(&before)) / commits)
         })
-        .filter(|(_, runs, _)| *runs > 0.0)
+        .filter(|(_, runs, _, _)| *runs > 0.0)
         .collect();
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
@@ -186,12 +188,14 @@ pub fn run(scale: f64) -> Result<()> {
             format!("p50 {:.1} ms", f.p50_ms),
             format!(
                 "p99 {:.1} ms over {UPDATES} updates (content and links of one page); per update \
-                 {:.0} store calls, observer runs: {}",
+                 {:.0} store calls, observer runs (of which conflicted): {}",
                 f.p99_ms,
                 f.update_calls,
                 f.update_runs
                     .iter()
-                    .map(|(name, runs, us)| format!("{name} {runs:.1} ({us:.0} µs)"))
+                    .map(|(name, runs, conflicts, us)| {
+                        format!("{name} {runs:.1} ({conflicts:.1}; {us:.0} µs)")
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

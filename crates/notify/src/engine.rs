@@ -41,6 +41,10 @@ use crate::NotifyConfig;
 /// The most columns of its notified row an observer's run prefetches.
 const PREFETCH_COLUMNS_MAX: usize = 32;
 
+/// How many idle runs' starts an engine remembers (a few MiB at most) before forgetting them
+/// all: forgetting only costs a rerun that finds nothing to do again.
+const IDLE_ACKS_MAX: usize = 65_536;
+
 /// Notifications parked after failing `failures_max` times: row, column -> "observer: error".
 pub const FAILED: FamilySpec = FamilySpec { name: "failed", locality: Locality::Row };
 
@@ -185,6 +189,12 @@ pub struct Engine {
     parked: Mutex<BTreeSet<(Bytes, Bytes)>>,
     /// Per observer: the columns of the notified row its runs read (prefetched next time).
     learned: Mutex<HashMap<String, BTreeSet<Bytes>>>,
+    /// The start of the last run of each (row, observer) that committed nothing: the ack it
+    /// did not write. A notification at or below it was seen by that run, as one at or below
+    /// a stored ack was, and is cleared without a run. In memory only (a restart reruns
+    /// such notifications once, harmlessly), and forgotten wholesale past
+    /// [`IDLE_ACKS_MAX`] entries.
+    idle_acks: Mutex<HashMap<(Bytes, String), Ts>>,
     /// Runs in flight, and runs ever started: quiescence needs both.
     pub(crate) in_flight: AtomicUsize,
     pub(crate) started: AtomicU64,
@@ -245,6 +255,7 @@ impl Engine {
             failures: Mutex::new(HashMap::new()),
             parked: Mutex::new(BTreeSet::new()),
             learned: Mutex::new(HashMap::new()),
+            idle_acks: Mutex::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             lease_refused: AtomicU64::new(0),
@@ -466,6 +477,7 @@ impl Engine {
             })?)),
             None => Ts::ZERO,
         };
+        let ack = ack.max(self.idle_ack(&p.row, &reg.name));
         let changed = match reg.kind {
             NotifyKind::Strong => versions[1].as_ref().is_some_and(|v| v.commit_ts > ack),
             NotifyKind::Weak => p.ts > ack,
@@ -481,6 +493,11 @@ impl Engine {
             // The run found nothing to change: it commits nothing, not even its ack (a
             // transaction of two conditional mutations and a flush). A second run of the same
             // notification, should the clear below be lost, reads and writes nothing again.
+            let mut idle = self.idle_acks.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() >= IDLE_ACKS_MAX {
+                idle.clear();
+            }
+            idle.insert((p.row.clone(), reg.name.clone()), txn.start_ts());
             return Ok(Attempt::Idle);
         }
         txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
@@ -498,6 +515,12 @@ impl Engine {
             Some(_) => unreachable!("crash points come only with the failpoints feature"),
         }
         Ok(Attempt::Committed)
+    }
+
+    /// The start of the last idle run of `observer` on `row` in this process, if any.
+    fn idle_ack(&self, row: &Bytes, observer: &str) -> Ts {
+        let idle = self.idle_acks.lock().unwrap_or_else(|e| e.into_inner());
+        idle.get(&(row.clone(), observer.to_string())).copied().unwrap_or(Ts::ZERO)
     }
 
     /// Columns of the notified row that `observer` read in earlier runs.
