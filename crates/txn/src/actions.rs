@@ -279,9 +279,10 @@ fn commit_mutations(cells: &[(Bytes, WriteKind)], start_ts: Ts, commit_ts: Ts) -
     mutations
 }
 
-/// Commits secondaries after the primary committed, all rows in one batched call. Needs no
-/// condition: once the primary is committed, every resolver rolls these cells forward to
-/// the same record, so writing it twice is harmless.
+/// Commits secondaries after the primary committed, all rows in one batched call, with
+/// `also` (the transaction's after-commit bookkeeping) in the same call. Needs no condition:
+/// once the primary is committed, every resolver rolls these cells forward to the same
+/// record, so writing it twice is harmless.
 pub async fn commit_secondaries(
     store: &dyn Store,
     rows: &[(Bytes, Vec<(Bytes, WriteKind)>)],
@@ -289,10 +290,6 @@ pub async fn commit_secondaries(
     commit_ts: Ts,
     mut also: Vec<RowMutation>,
 ) -> Result<(), TxnError> {
-    if also.is_empty() {
-        return mutate_each(store, rows, |_, cells| commit_mutations(cells, start_ts, commit_ts))
-            .await;
-    }
     let mut batch: Vec<RowMutation> = rows
         .iter()
         .map(|(row, cells)| RowMutation {
@@ -301,7 +298,9 @@ pub async fn commit_secondaries(
         })
         .collect();
     batch.append(&mut also);
-    store.mutate_rows(&batch).await?;
+    if !batch.is_empty() {
+        store.mutate_rows(&batch).await?;
+    }
     Ok(())
 }
 
