@@ -3,7 +3,7 @@
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes and by
 //!   indegree when a member's in-degree or names change).
 //! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `indeg:indeg`,
-//!   `page:canonical` and `indeg:names`.
+//!   `page:canonical`, `indeg:names` and `fwd:names` (for [`forward`]), in one call.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
 //!   canonical changed, with the member's `dedup:registered` written back unchanged (see
 //!   [`hold_membership`]). The canonical is the member with the highest in-degree; ties go to the
@@ -65,12 +65,13 @@ impl Observer for Cluster {
                     (model::page(m), Bytes::from_static(col::INDEG)),
                     (model::page(m), Bytes::from_static(col::CANONICAL)),
                     (model::page(m), Bytes::from_static(col::NAMES)),
+                    (model::page(m), Bytes::from_static(col::FWD_NAMES)),
                 ]
             })
             .collect();
         let got = txn.get_many(&keys).await?;
         let indeg = |i: usize| -> u64 {
-            got[3 * i].as_ref().and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
+            got[4 * i].as_ref().and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
         };
         let best = (0..members.len())
             .min_by_key(|&i| (Reverse(indeg(i)), members[i].len(), members[i].clone()))
@@ -79,16 +80,17 @@ impl Observer for Cluster {
         model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone()))
             .await?;
         for (i, m) in members.iter().enumerate() {
-            if got[3 * i + 1].as_deref() != Some(canonical.as_bytes()) {
+            if got[4 * i + 1].as_deref() != Some(canonical.as_bytes()) {
                 let member_row = model::page(m);
                 txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
                 hold_membership(txn, &member_row, &hash);
                 txn.notify(member_row, Bytes::from_static(col::EXPORT_DIRTY));
             }
         }
-        let names: Vec<Option<Bytes>> =
-            (0..members.len()).map(|i| got[3 * i + 2].clone()).collect();
-        forward::run(txn, &hash, &members, &names, &canonical).await?;
+        let of = |k: usize| -> Vec<Option<Bytes>> {
+            (0..members.len()).map(|i| got[4 * i + k].clone()).collect()
+        };
+        forward::run(txn, &hash, &members, &of(2), &of(3), &canonical).await?;
         Ok(())
     }
 }

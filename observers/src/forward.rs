@@ -3,7 +3,8 @@
 //!
 //! - Runs: in the cluster head's run, after cluster chose the canonical from the members it
 //!   read (one transaction for both: what forwarding reads is what the choice read).
-//! - Reads: each member's `fwd:names` (the members' `indeg:names` come from cluster).
+//! - Reads: nothing of its own: each member's `indeg:names` and `fwd:names` come from
+//!   cluster's read.
 //! - Writes: on the canonical, `fwd:names` = the union of the members' names (pages and
 //!   aliases), sorted; on every other member, removes it. A page that left the cluster is
 //!   its new cluster's member (which sets or removes its names) or no page at all (whose
@@ -22,18 +23,17 @@ use perc_txn::Transaction;
 use crate::cluster;
 use crate::model::{self, col};
 
-/// The stage, in the cluster head's transaction: `members` of the cluster of `hash`, `names`
-/// each member's `indeg:names` as cluster read them, and the `canonical` it chose.
+/// The stage, in the cluster head's transaction: `members` of the cluster of `hash`, with
+/// each member's `indeg:names` and `fwd:names` as cluster read them, and the `canonical` it
+/// chose.
 pub async fn run(
     txn: &mut Transaction,
     hash: &str,
     members: &[String],
     names: &[Option<Bytes>],
+    forwarded: &[Option<Bytes>],
     canonical: &str,
 ) -> Result<(), ObserverError> {
-    let keys: Vec<(Bytes, Bytes)> =
-        members.iter().map(|m| (model::page(m), Bytes::from_static(col::FWD_NAMES))).collect();
-    let forwarded = txn.get_many(&keys).await?;
     let all = model::names_union(names.iter().flatten())?;
     for (m, had) in members.iter().zip(forwarded) {
         let row = model::page(m);
