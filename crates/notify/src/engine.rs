@@ -189,12 +189,12 @@ pub struct Engine {
     parked: Mutex<BTreeSet<(Bytes, Bytes)>>,
     /// Per observer: the columns of the notified row its runs read (prefetched next time).
     learned: Mutex<HashMap<String, BTreeSet<Bytes>>>,
-    /// The start of the last run of each (row, observer) that committed nothing: the ack it
-    /// did not write. A notification at or below it was seen by that run, as one at or below
+    /// The start of the last run of each notification (row, column: one observer) that
+    /// committed nothing: the ack it did not write. A notification at or below it was seen by that run, as one at or below
     /// a stored ack was, and is cleared without a run. In memory only (a restart reruns
     /// such notifications once, harmlessly), and forgotten wholesale past
     /// [`IDLE_ACKS_MAX`] entries.
-    idle_acks: Mutex<HashMap<(Bytes, String), Ts>>,
+    idle_acks: Mutex<HashMap<(Bytes, Bytes), Ts>>,
     /// Runs in flight, and runs ever started: quiescence needs both.
     pub(crate) in_flight: AtomicUsize,
     pub(crate) started: AtomicU64,
@@ -477,7 +477,7 @@ impl Engine {
             })?)),
             None => Ts::ZERO,
         };
-        let ack = ack.max(self.idle_ack(&p.row, &reg.name));
+        let ack = ack.max(self.idle_ack(p));
         let changed = match reg.kind {
             NotifyKind::Strong => versions[1].as_ref().is_some_and(|v| v.commit_ts > ack),
             NotifyKind::Weak => p.ts > ack,
@@ -497,7 +497,7 @@ impl Engine {
             if idle.len() >= IDLE_ACKS_MAX {
                 idle.clear();
             }
-            idle.insert((p.row.clone(), reg.name.clone()), txn.start_ts());
+            idle.insert((p.row.clone(), p.column.clone()), txn.start_ts());
             return Ok(Attempt::Idle);
         }
         txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
@@ -517,10 +517,10 @@ impl Engine {
         Ok(Attempt::Committed)
     }
 
-    /// The start of the last idle run of `observer` on `row` in this process, if any.
-    fn idle_ack(&self, row: &Bytes, observer: &str) -> Ts {
+    /// The start of the last idle run of `p`'s observer on its row in this process, if any.
+    fn idle_ack(&self, p: &Pending) -> Ts {
         let idle = self.idle_acks.lock().unwrap_or_else(|e| e.into_inner());
-        idle.get(&(row.clone(), observer.to_string())).copied().unwrap_or(Ts::ZERO)
+        idle.get(&(p.row.clone(), p.column.clone())).copied().unwrap_or(Ts::ZERO)
     }
 
     /// Columns of the notified row that `observer` read in earlier runs.
