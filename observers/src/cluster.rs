@@ -31,9 +31,10 @@ pub struct Cluster;
 /// skew otherwise. dedup may move the page to another cluster after this snapshot, whose run
 /// may then find nothing to change on the page's row and write nothing there; this run's
 /// stale write to the row would stand. Writing the cell dedup writes turns the skew into a
-/// write-write conflict, so this run retries and sees the move.
-pub fn hold_membership(txn: &mut Transaction, member_row: &Bytes, hash: &str) {
-    txn.set(member_row.clone(), Bytes::from_static(col::HASH_REGISTERED), hash.to_string());
+/// write-write conflict, so this run retries and sees the move. indegree holds a page's
+/// registration the same way when it tells the page's cluster.
+pub fn hold_membership(txn: &mut Transaction, member_row: &Bytes, hash: impl Into<Bytes>) {
+    txn.set(member_row.clone(), Bytes::from_static(col::HASH_REGISTERED), hash);
 }
 
 /// The members of a cluster, by URL.
@@ -83,7 +84,7 @@ impl Observer for Cluster {
             if got[4 * i + 1].as_deref() != Some(canonical.as_bytes()) {
                 let member_row = model::page(m);
                 txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
-                hold_membership(txn, &member_row, &hash);
+                hold_membership(txn, &member_row, hash.clone());
                 txn.notify(member_row, Bytes::from_static(col::EXPORT_DIRTY));
             }
         }

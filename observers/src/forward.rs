@@ -46,7 +46,7 @@ pub async fn run(
             false
         };
         if wrote {
-            cluster::hold_membership(txn, &row, hash);
+            cluster::hold_membership(txn, &row, hash.to_string());
         }
     }
     Ok(())

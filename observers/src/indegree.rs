@@ -386,7 +386,7 @@ async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<usize
 /// transactions conflict, so one of them retries and sees the other.
 async fn notify_downstream(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
     let registered = txn.get(row, col::HASH_REGISTERED).await?.unwrap_or_default();
-    txn.set(row.clone(), Bytes::from_static(col::HASH_REGISTERED), registered.clone());
+    crate::cluster::hold_membership(txn, row, registered.clone());
     if !registered.is_empty() {
         txn.notify(
             model::cluster_head(&String::from_utf8_lossy(&registered)),
