@@ -1,13 +1,17 @@
 //! cluster: canonical choice per duplicate cluster (SPEC §6.4), and anchor forwarding to it.
 //!
-//! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes and by
-//!   indegree when a member's in-degree or names change).
+//! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes, by
+//!   parse when a member's declared canonical changes and by indegree when a member's
+//!   in-degree or names change).
 //! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `indeg:indeg`,
-//!   `page:canonical`, `indeg:names` and `fwd:names` (for [`forward`]), in one call.
+//!   `page:canonical`, `indeg:names`, `fwd:names` (for [`forward`]) and `page:declared`, in
+//!   one call.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
 //!   canonical changed, with the member's `dedup:registered` written back unchanged (see
-//!   [`hold_membership`]). The canonical is the member with the highest in-degree; ties go to the
-//!   shorter URL, then the lexicographically smaller.
+//!   [`hold_membership`]). The canonical is the member with the most votes (each member's
+//!   declared canonical is a vote for the member it names, by URL or alias; one naming no
+//!   member casts none), then the highest in-degree, then the shorter URL, then the
+//!   lexicographically smaller (SPEC §6.4).
 //! - Then, in the same transaction, [`forward`] (the canonical's `fwd:names`), from the names
 //!   read here; its contract is in its module.
 //! - Notifies: export of every member whose canonical changed (weakly).
@@ -15,14 +19,15 @@
 //!   written.
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::forward;
 use crate::model::{self, col};
+use crate::{forward, IndexError};
 
 pub struct Cluster;
 
@@ -67,31 +72,65 @@ impl Observer for Cluster {
                     (model::page(m), Bytes::from_static(col::CANONICAL)),
                     (model::page(m), Bytes::from_static(col::NAMES)),
                     (model::page(m), Bytes::from_static(col::FWD_NAMES)),
+                    (model::page(m), Bytes::from_static(col::DECLARED)),
                 ]
             })
             .collect();
         let got = txn.get_many(&keys).await?;
+        let cell = |i: usize, k: usize| got[CELLS * i + k].as_ref();
         let indeg = |i: usize| -> u64 {
-            got[4 * i].as_ref().and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
+            cell(i, 0).and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
         };
+        let names: Vec<Option<Bytes>> = (0..members.len()).map(|i| cell(i, 2).cloned()).collect();
+        let declared: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 4)).collect();
+        let votes = votes(&members, &names, &declared)?;
         let best = (0..members.len())
-            .min_by_key(|&i| (Reverse(indeg(i)), members[i].len(), members[i].clone()))
+            .min_by_key(|&i| (Reverse((votes[i], indeg(i))), members[i].len(), members[i].clone()))
             .expect("members is not empty");
         let canonical = members[best].clone();
         model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone()))
             .await?;
         for (i, m) in members.iter().enumerate() {
-            if got[4 * i + 1].as_deref() != Some(canonical.as_bytes()) {
+            if cell(i, 1).map(|c| &c[..]) != Some(canonical.as_bytes()) {
                 let member_row = model::page(m);
                 txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
                 hold_membership(txn, &member_row, hash.clone());
                 txn.notify(member_row, Bytes::from_static(col::EXPORT_DIRTY));
             }
         }
-        let of = |k: usize| -> Vec<Option<Bytes>> {
-            (0..members.len()).map(|i| got[4 * i + k].clone()).collect()
-        };
-        forward::run(txn, &hash, &members, &of(2), &of(3), &canonical).await?;
+        let forwarded: Vec<Option<Bytes>> =
+            (0..members.len()).map(|i| cell(i, 3).cloned()).collect();
+        forward::run(txn, &hash, &members, &names, &forwarded, &canonical).await?;
         Ok(())
     }
+}
+
+/// The cells read of each member, in this order: `indeg:indeg`, `page:canonical`,
+/// `indeg:names`, `fwd:names`, `page:declared`.
+const CELLS: usize = 5;
+
+/// Each member's votes: how many members declare, as their canonical, its URL or one of its
+/// aliases (`names`: each member's `indeg:names`; a member whose names are not written yet
+/// is named by its URL). A declared canonical naming no member casts no vote.
+fn votes(
+    members: &[String],
+    names: &[Option<Bytes>],
+    declared: &[Option<&Bytes>],
+) -> Result<Vec<u64>, IndexError> {
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    for (i, (m, raw)) in members.iter().zip(names).enumerate() {
+        by_name.insert(m.clone(), i);
+        if let Some(raw) = raw {
+            for name in model::names_union([raw])? {
+                by_name.insert(name, i);
+            }
+        }
+    }
+    let mut votes = vec![0; members.len()];
+    for d in declared.iter().flatten() {
+        if let Some(&i) = std::str::from_utf8(d).ok().and_then(|d| by_name.get(d)) {
+            votes[i] += 1;
+        }
+    }
+    Ok(votes)
 }

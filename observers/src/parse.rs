@@ -1,24 +1,28 @@
 //! parse: a raw page becomes what the index needs to know about it.
 //!
 //! - Trigger: `crawl:raw` of `p:<url>` (strong).
-//! - Reads: the raw record.
+//! - Reads: the raw record, and the cells it and its stages write, all in one call.
 //! - Writes (each only if it changed): `page:meta` (kind, reason, title, noindex, hash),
 //!   `page:links` (one `[target, anchor]` per distinct target, sorted), `page:follow`
 //!   (what discovery may follow; only for a page in the frontier, which a replayed page is
 //!   not), `page:hash` (content hash, "" unless a page),
-//!   `page:redirect` (the redirect target, "" if none).
+//!   `page:redirect` (the redirect target, "" if none), `page:declared` (the declared
+//!   canonical, "" if none).
 //! - Then, in the same transaction, the page-local stages that read what it wrote: [`dedup`]
 //!   (`page:hash`), [`invert`] (`page:links`) and [`alias`] (`page:redirect`); each has its
 //!   contract in its module, and each does nothing when its input did not change.
 //! - Notifies: discover (`page:follow`); weakly, export when the meta changed, and the page's
 //!   own indegree when its redirect changed or it started or stopped being a page or a
-//!   redirect (indegree branches on both; alias only notifies the targets); and what the
-//!   three stages notify.
+//!   redirect (indegree branches on both; alias only notifies the targets), its cluster when
+//!   its declared canonical changed; and what the three stages notify.
 //! - Twice is harmless: the same raw record gives the same values, and unchanged values are
 //!   not written, so nothing downstream runs.
 //!
 //! A page is a 2xx `text/html` response; a 3xx with a Location is a redirect (its source
-//! becomes an alias of the target); anything else is recorded with its reason.
+//! becomes an alias of the target), and so is a page whose first `<meta http-equiv=refresh>`
+//! has delay 0 and a URL (SPEC §6.2: its links are neither followed nor inverted); anything
+//! else is recorded with its reason. A page's declared canonical (`<link rel=canonical>`) is
+//! its vote in its cluster's canonical choice (SPEC §6.4): `page:declared`.
 
 use crate::IndexError;
 use async_trait::async_trait;
@@ -40,7 +44,21 @@ impl Observer for Parse {
         _column: &Bytes,
     ) -> Result<(), ObserverError> {
         let Some(url_text) = model::url_of(row) else { return Ok(()) };
-        let Some(raw) = txn.get(row, col::RAW).await? else { return Ok(()) };
+        // Every cell this run and its stages read, in one call (later reads are free).
+        let cells = [
+            col::RAW,
+            col::META,
+            col::LINKS,
+            col::WANT,
+            col::HASH,
+            col::REDIRECT,
+            col::DECLARED,
+            col::HASH_REGISTERED,
+            col::TARGET_REGISTERED,
+        ];
+        let keys: Vec<(Bytes, Bytes)> =
+            cells.iter().map(|c| (row.clone(), Bytes::from_static(c))).collect();
+        let Some(raw) = txn.get_many(&keys).await?.swap_remove(0) else { return Ok(()) };
         let (head, body) = model::decode_raw(&raw)
             .map_err(|e| IndexError::corrupt(format!("crawl:raw of {url_text}"), e))?;
         let url = url::Url::parse(url_text).map_err(|e| IndexError::BadRow {
@@ -59,27 +77,8 @@ impl Observer for Parse {
             meta.kind = "other".into();
             meta.reason = error.clone();
         } else if (300..400).contains(&status) && head.location.is_some() {
-            let target = head.location.clone().map(|l| perc_crawl::normalize(&l));
-            match target {
-                Some(Ok(t)) if !perc_crawl::urls::link_fits(&url, &t) => {
-                    meta.kind = "other".into();
-                    meta.reason = format!(
-                        "HTTP {status} redirect to a URL of {} bytes, too long to keep",
-                        t.as_str().len()
-                    );
-                }
-                Some(Ok(t)) if t != url => {
-                    meta.kind = "redirect".into();
-                    meta.reason = format!("HTTP {status} redirect to {t}");
-                    meta.redirect_to = Some(t.to_string());
-                    follow.redirect = Some(t.to_string());
-                }
-                _ => {
-                    meta.kind = "other".into();
-                    meta.reason =
-                        format!("HTTP {status} redirect to an invalid or identical location");
-                }
-            }
+            let target = head.location.as_deref().map(perc_crawl::normalize).and_then(Result::ok);
+            redirect(&mut meta, &mut follow, &url, target, &format!("HTTP {status}"));
         } else if !(200..300).contains(&status) {
             meta.kind = "other".into();
             meta.reason = format!("HTTP {status}");
@@ -89,20 +88,31 @@ impl Observer for Parse {
                 format!("not HTML ({})", head.content_type.as_deref().unwrap_or("no Content-Type"));
         } else {
             let parsed = perc_crawl::parse(&url, &body, head.charset.as_deref());
-            meta.kind = "page".into();
-            meta.title = parsed.title;
-            meta.noindex = parsed.noindex;
-            meta.content_hash = perc_crawl::content_hash(&body);
-            meta.encoding = parsed.encoding.to_string();
-            meta.long_links_dropped = parsed.long_links as u32;
-            for link in parsed.links {
-                if link.follow {
-                    follow.links.push(link.target.to_string());
+            let refresh = parsed.refresh.as_ref();
+            if let Some(target) = refresh.and_then(perc_crawl::Refresh::redirect) {
+                // A delay-0 refresh is a redirect, exactly as an HTTP one (SPEC §6.2).
+                redirect(&mut meta, &mut follow, &url, Some(target.clone()), "refresh");
+            } else {
+                meta.kind = "page".into();
+                meta.title = parsed.title;
+                meta.noindex = parsed.noindex;
+                meta.content_hash = perc_crawl::content_hash(&body);
+                meta.encoding = parsed.encoding.to_string();
+                meta.long_links_dropped = parsed.long_links as u32;
+                meta.declared_canonical = parsed.canonical.map(String::from);
+                meta.refresh = refresh.map(|r| match &r.target {
+                    Some(t) => format!("after {} s to {t}", r.delay_s),
+                    None => format!("after {} s, this page again", r.delay_s),
+                });
+                for link in parsed.links {
+                    if link.follow {
+                        follow.links.push(link.target.to_string());
+                    }
+                    links.push((link.target.to_string(), link.anchor));
                 }
-                links.push((link.target.to_string(), link.anchor));
+                links.sort();
+                follow.links.sort();
             }
-            links.sort();
-            follow.links.sort();
         }
         let kind_before = model::get_json::<Meta>(txn, row, col::META).await?.map(|m| m.kind);
         let counted_before = kind_before.as_deref().is_some_and(indegree::counts_inlinks);
@@ -123,6 +133,17 @@ impl Observer for Parse {
             model::set_json_if_changed(txn, row, col::FOLLOW, &follow).await?;
         }
         model::set_if_changed(txn, row, col::HASH, Bytes::from(meta.content_hash.clone())).await?;
+        let declared = meta.declared_canonical.clone().unwrap_or_default();
+        if model::set_if_changed(txn, row, col::DECLARED, Bytes::from(declared)).await?
+            && !meta.content_hash.is_empty()
+        {
+            // The page's vote moved: its cluster chooses again (SPEC §6.4). A page that also
+            // moved to another cluster has both told by dedup.
+            txn.notify(
+                model::cluster_head(&meta.content_hash),
+                Bytes::from_static(col::CLUSTER_DIRTY),
+            );
+        }
         let redirect = meta.redirect_to.clone().unwrap_or_default();
         if model::set_if_changed(txn, row, col::REDIRECT, Bytes::from(redirect)).await? {
             // indegree decides from this whether the page is an alias (and alias tells it again
@@ -135,5 +156,33 @@ impl Observer for Parse {
         invert::run(txn, row, &links_before, &links).await?;
         alias::run(txn, row).await?;
         Ok(())
+    }
+}
+
+/// Makes `meta` a redirect to `target` (by `how`: "HTTP 301", "refresh"), or, for a target
+/// that cannot be kept (invalid, too long, the page itself), a page of no kind that says why.
+fn redirect(
+    meta: &mut Meta,
+    follow: &mut Follow,
+    url: &url::Url,
+    target: Option<url::Url>,
+    how: &str,
+) {
+    match target {
+        Some(t) if !perc_crawl::urls::link_fits(url, &t) => {
+            meta.kind = "other".into();
+            meta.reason =
+                format!("{how} redirect to a URL of {} bytes, too long to keep", t.as_str().len());
+        }
+        Some(t) if t != *url => {
+            meta.kind = "redirect".into();
+            meta.reason = format!("{how} redirect to {t}");
+            meta.redirect_to = Some(t.to_string());
+            follow.redirect = Some(t.to_string());
+        }
+        _ => {
+            meta.kind = "other".into();
+            meta.reason = format!("{how} redirect to an invalid or identical location");
+        }
     }
 }

@@ -173,7 +173,8 @@ pub async fn export_each<E: From<IndexError>>(
 /// What perc knows about one URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PageInfo {
-    Page(ExportLine),
+    /// A page: its export line, and what parse recorded (its declared canonical, a refresh).
+    Page(ExportLine, Meta),
     /// Fetched (or loaded) but not a page: why.
     NotAPage(Meta),
     /// In the frontier, not fetched yet.
@@ -186,7 +187,8 @@ pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, IndexErro
     let row = model::page(url.as_str());
     if let Some(line) = model::get_json::<ExportLine>(&t, &row, col::EXPORT_LINE).await? {
         let names = t.get(&row, col::FWD_NAMES).await?;
-        return Ok(PageInfo::Page(model::full_line(&t, line, names).await?));
+        let meta = model::get_json::<Meta>(&t, &row, col::META).await?.unwrap_or_default();
+        return Ok(PageInfo::Page(model::full_line(&t, line, names).await?, meta));
     }
     if let Some(meta) = model::get_json::<Meta>(&t, &row, col::META).await? {
         return Ok(PageInfo::NotAPage(meta));

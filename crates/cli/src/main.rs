@@ -408,7 +408,24 @@ async fn dispatch(
             let info = app.page(&url).await?;
             app.close().await?;
             match info {
-                PageInfo::Page(line) => out!("{}", serde_json::to_string(&line)?),
+                PageInfo::Page(line, meta) => {
+                    // The export line, and what the page declares that the export leaves out.
+                    #[derive(serde::Serialize)]
+                    struct Shown {
+                        #[serde(flatten)]
+                        line: perc_pipeline::ExportLine,
+                        #[serde(skip_serializing_if = "Option::is_none")]
+                        declared_canonical: Option<String>,
+                        #[serde(skip_serializing_if = "Option::is_none")]
+                        refresh: Option<String>,
+                    }
+                    let shown = Shown {
+                        line,
+                        declared_canonical: meta.declared_canonical,
+                        refresh: meta.refresh,
+                    };
+                    out!("{}", serde_json::to_string(&shown)?)
+                }
                 PageInfo::NotAPage(meta) => out!(
                     "{}",
                     serde_json::json!({"url": url.as_str(), "kind": meta.kind, "reason": meta.reason, "status": meta.status, "redirect_to": meta.redirect_to})

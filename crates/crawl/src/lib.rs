@@ -14,7 +14,7 @@ pub mod warc;
 pub use fetch::{
     FetchError, FetchLimits, Fetcher, HostCount, HttpFetcher, Polite, PolitenessConfig, Response,
 };
-pub use parse::{content_hash, decode, parse, Link, ParsedPage};
+pub use parse::{content_hash, decode, parse, Link, ParsedPage, Refresh};
 pub use robots::{RobotsCache, Verdict};
 pub use source::{Budget, Crawler, Fetched, Offline, Recording, Source};
 pub use urls::{normalize, resolve, Scope};

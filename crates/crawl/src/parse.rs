@@ -30,6 +30,24 @@ pub struct Link {
     pub follow: bool,
 }
 
+/// A declarative refresh (`<meta http-equiv="refresh" content="0; url=/next">`), parsed by
+/// the HTML standard's shared declarative refresh steps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refresh {
+    /// The delay's integer part, in seconds (saturating).
+    pub delay_s: u64,
+    /// Where to go, resolved against the page (its `<base href>`): `None` when the content
+    /// names no URL (the page reloads itself) or one perc cannot fetch.
+    pub target: Option<Url>,
+}
+
+impl Refresh {
+    /// The target of a refresh that is a redirect (SPEC §6.2): delay 0 and a URL.
+    pub fn redirect(&self) -> Option<&Url> {
+        self.target.as_ref().filter(|_| self.delay_s == 0)
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ParsedPage {
     pub title: String,
@@ -38,10 +56,11 @@ pub struct ParsedPage {
     pub noindex: bool,
     /// Robots meta `nofollow` or `none` (then no link is followed).
     pub nofollow: bool,
-    /// `<link rel="canonical">`, resolved (the index does not use it yet: SPEC v2, issue #10).
+    /// The first `<link rel="canonical">`, resolved like a link: the page's declared
+    /// canonical, a hint for the canonical choice (SPEC §6.4).
     pub canonical: Option<Url>,
-    /// `<meta http-equiv="refresh">`'s target, resolved (not used yet: issue #10).
-    pub refresh: Option<Url>,
+    /// The first `<meta http-equiv="refresh">`, when its content parses ([`Refresh`]).
+    pub refresh: Option<Refresh>,
     /// Links left out for their length ([`crate::urls::link_fits`]).
     pub long_links: usize,
     /// The encoding the text was decoded with.
@@ -170,7 +189,7 @@ pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
     page.refresh = doc
         .select(&selector("meta[http-equiv]"))
         .find(|m| m.value().attr("http-equiv").is_some_and(|h| h.eq_ignore_ascii_case("refresh")))
-        .and_then(|m| refresh_target(&base, m.value().attr("content").unwrap_or_default()));
+        .and_then(|m| parse_refresh(&base, m.value().attr("content").unwrap_or_default()));
 
     let mut index: HashMap<Url, usize> = HashMap::new();
     for a in doc.select(&selector("a[href]")) {
@@ -208,14 +227,53 @@ fn anchor_text(a: &ElementRef<'_>) -> String {
     collapse(&a.text().collect::<String>())
 }
 
-/// The URL in a refresh's content, `"5; url=/next"`.
-fn refresh_target(base: &Url, content: &str) -> Option<Url> {
-    let lower = content.to_ascii_lowercase();
-    let at = lower.find("url")?;
-    let rest = content[at + 3..].trim_start();
-    let rest = rest.strip_prefix('=')?.trim();
-    let rest = rest.trim_matches(|c| c == '"' || c == '\'');
-    resolve(base, rest)
+/// Parses a refresh's content by the HTML standard's "shared declarative refresh steps":
+/// `None` when it does not parse (then there is no refresh at all).
+///
+/// A delay (digits, then any digits and dots), then optionally `;` or `,` and whitespace,
+/// then optionally `url` (any case) and `=`, then the URL, optionally quoted (a quoted URL
+/// ends at its closing quote).
+pub fn parse_refresh(base: &Url, content: &str) -> Option<Refresh> {
+    let ws = |c: char| matches!(c, '\t' | '\n' | '\x0C' | '\r' | ' ');
+    let rest = content.trim_start_matches(ws);
+    let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    if digits == 0 && !rest.starts_with('.') {
+        return None;
+    }
+    let delay_s = rest[..digits]
+        .bytes()
+        .fold(0u64, |n, d| n.saturating_mul(10).saturating_add(u64::from(d - b'0')));
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+    if rest.is_empty() {
+        return Some(Refresh { delay_s, target: None });
+    }
+    if !rest.starts_with([';', ',']) && !rest.starts_with(ws) {
+        return None;
+    }
+    let rest = rest.trim_start_matches(ws);
+    let rest = rest.strip_prefix([';', ',']).unwrap_or(rest).trim_start_matches(ws);
+    if rest.is_empty() {
+        return Some(Refresh { delay_s, target: None });
+    }
+    // "url" and "=" are optional: without both, the whole rest is the URL.
+    let unprefixed = (|| {
+        let (key, after) = rest.split_at_checked(3)?;
+        if !key.eq_ignore_ascii_case("url") {
+            return None;
+        }
+        after.trim_start_matches(ws).strip_prefix('=').map(|v| v.trim_start_matches(ws))
+    })();
+    let mut value = unprefixed.unwrap_or(rest);
+    if unprefixed.is_some() || rest.starts_with(['"', '\'']) {
+        if let Some(quote) = value.chars().next().filter(|c| *c == '"' || *c == '\'') {
+            value = &value[1..];
+            if let Some(end) = value.find(quote) {
+                value = &value[..end];
+            }
+        }
+    }
+    let target = if value.trim().is_empty() { None } else { resolve(base, value) };
+    Some(Refresh { delay_s, target })
 }
 
 #[cfg(test)]
@@ -265,7 +323,9 @@ mod tests {
         let p = parse(&url("http://h.test/page"), html, None);
         assert!(p.noindex && p.nofollow);
         assert_eq!(p.canonical.unwrap().as_str(), "http://h.test/canon");
-        assert_eq!(p.refresh.unwrap().as_str(), "http://h.test/deep/dir/next.html");
+        let refresh = p.refresh.unwrap();
+        assert_eq!(refresh.delay_s, 3);
+        assert_eq!(refresh.target.unwrap().as_str(), "http://h.test/deep/dir/next.html");
         assert_eq!(p.links[0].target.as_str(), "http://h.test/deep/dir/rel.html");
         assert!(p.links.iter().all(|l| !l.follow), "meta nofollow: nothing is followed");
         let none = parse(
@@ -274,6 +334,47 @@ mod tests {
             None,
         );
         assert!(none.noindex && none.nofollow && !none.links[0].follow);
+    }
+
+    #[test]
+    fn refresh_content_by_the_html_standard() {
+        let base = url("http://h.test/dir/page");
+        // content → (delay, target), or None when it does not parse.
+        type Parsed = Option<(u64, Option<&'static str>)>;
+        let cases: &[(&str, Parsed)] = &[
+            ("0; url=/next", Some((0, Some("http://h.test/next")))),
+            ("0;URL='a b.html'x", Some((0, Some("http://h.test/dir/a%20b.html")))),
+            ("0, url = \"q.html\"", Some((0, Some("http://h.test/dir/q.html")))),
+            ("  0.5  next.html", Some((0, Some("http://h.test/dir/next.html")))),
+            ("0 'quoted.html' rest", Some((0, Some("http://h.test/dir/quoted.html")))),
+            ("0; urlish.html", Some((0, Some("http://h.test/dir/urlish.html")))),
+            ("0; url", Some((0, Some("http://h.test/dir/url")))),
+            (".5; url=/x", Some((0, Some("http://h.test/x")))),
+            ("5; url=/later", Some((5, Some("http://h.test/later")))),
+            ("99999999999999999999999;/x", Some((u64::MAX, Some("http://h.test/x")))),
+            ("0", Some((0, None))),
+            ("0;  ", Some((0, None))),
+            ("3; url=mailto:x@y.z", Some((3, None))),
+            ("x; url=/x", None),
+            ("", None),
+            ("0x; url=/x", None),
+            ("-1; url=/x", None),
+        ];
+        for (content, want) in cases {
+            let got = parse_refresh(&base, content);
+            let got = got.as_ref().map(|r| (r.delay_s, r.target.as_ref().map(Url::as_str)));
+            assert_eq!(got, *want, "content {content:?}");
+        }
+        let redirect = |c| parse_refresh(&base, c).and_then(|r| r.redirect().cloned());
+        assert!(redirect("0;url=/n").is_some());
+        assert!(redirect("1;url=/n").is_none() && redirect("0").is_none());
+        // Only the first refresh counts, parsed or not.
+        let p = parse(
+            &base,
+            br#"<meta http-equiv=refresh content="junk"><meta http-equiv=refresh content="0;url=/n">"#,
+            None,
+        );
+        assert_eq!(p.refresh, None);
     }
 
     #[test]

@@ -74,30 +74,47 @@ struct RefPage {
     title: String,
     noindex: bool,
     links: Vec<(String, String, bool)>,
+    declared: Option<String>,
 }
 
-fn ref_page(url: &str, r: &Response) -> Option<RefPage> {
+/// What an HTML response says, when it is one.
+fn ref_html(url: &str, r: &Response) -> Option<perc_crawl::ParsedPage> {
     if !(200..300).contains(&r.status) || r.content_type.as_deref() != Some("text/html") {
         return None;
     }
-    let u = Url::parse(url).unwrap();
-    let p = perc_crawl::parse(&u, &r.body, r.charset.as_deref());
+    Some(perc_crawl::parse(&Url::parse(url).unwrap(), &r.body, r.charset.as_deref()))
+}
+
+/// The refresh target of a delay-0 refresh (SPEC §6.2).
+fn ref_refresh(p: &perc_crawl::ParsedPage) -> Option<String> {
+    let r = p.refresh.as_ref()?;
+    (r.delay_s == 0).then(|| r.target.as_ref().map(Url::to_string)).flatten()
+}
+
+fn ref_page(url: &str, r: &Response) -> Option<RefPage> {
+    let p = ref_html(url, r)?;
+    if ref_refresh(&p).is_some() {
+        return None;
+    }
     Some(RefPage {
         hash: perc_crawl::content_hash(&r.body),
         title: p.title,
         noindex: p.noindex,
         links: p.links.into_iter().map(|l| (l.target.to_string(), l.anchor, l.follow)).collect(),
+        declared: p.canonical.map(String::from),
     })
 }
 
+/// Where an HTTP or a refresh redirect goes; `None` for what is no redirect, or one to
+/// itself.
 fn ref_redirect(url: &str, r: &Response) -> Option<String> {
-    if (300..400).contains(&r.status) {
+    let to = if (300..400).contains(&r.status) {
         let to = r.location.as_ref()?.to_string();
-        let to = perc_crawl::normalize(&to).ok()?.to_string();
-        (to != url).then_some(to)
+        perc_crawl::normalize(&to).ok()?.to_string()
     } else {
-        None
-    }
+        ref_refresh(&ref_html(url, r)?)?
+    };
+    (to != url).then_some(to)
 }
 
 fn reference(fetched: &BTreeMap<String, Response>) -> Vec<ExportLine> {
@@ -142,12 +159,25 @@ fn reference(fetched: &BTreeMap<String, Response>) -> Vec<ExportLine> {
     for (u, p) in &pages {
         clusters.entry(p.hash.as_str()).or_default().push(u);
     }
+    // Votes: each page's declared canonical, for the page it names or whose alias it is;
+    // counted only when that page shares the voter's body.
+    let mut votes: BTreeMap<&str, u64> = BTreeMap::new();
+    for p in pages.values() {
+        let Some(named) = p.declared.as_deref().and_then(final_of) else { continue };
+        if let Some((m, _)) = pages.get_key_value(named.as_str()).filter(|(_, q)| q.hash == p.hash)
+        {
+            *votes.entry(m).or_default() += 1;
+        }
+    }
     let mut out = Vec::new();
     for (u, p) in &pages {
         let members = &clusters[p.hash.as_str()];
         let canonical = *members
             .iter()
-            .min_by_key(|m| (std::cmp::Reverse(indeg(m)), m.len(), m.to_string()))
+            .min_by_key(|m| {
+                let v = votes.get(*m).copied().unwrap_or(0);
+                (std::cmp::Reverse((v, indeg(m))), m.len(), m.to_string())
+            })
             .unwrap();
         let mut links = Vec::new();
         if canonical == *u {
@@ -241,15 +271,50 @@ async fn load(h: &Harness, url: &str, r: Response) {
 
 /// A random small web over `n` URLs on one host, plus an outside host.
 fn random_response(rng: &mut StdRng, urls: &[String], bodies: &mut Vec<String>) -> Response {
-    match rng.random_range(0..20) {
+    let any = |rng: &mut StdRng| urls[rng.random_range(0..urls.len())].clone();
+    match rng.random_range(0..22) {
         0 => status(404),
-        1 => redirect(&urls[rng.random_range(0..urls.len())]),
+        1 => redirect(&any(rng)),
         2 => Response { content_type: Some("image/png".into()), ..html("png".into()) },
         3 | 4 if !bodies.is_empty() => html(bodies[rng.random_range(0..bodies.len())].clone()), // a duplicate
+        5 => {
+            // A refresh redirect, in one of the spellings the HTML standard allows.
+            let to = any(rng);
+            let path = to.rsplit('/').next().unwrap().to_string();
+            let content = [
+                format!("0; url={to}"),
+                format!("0;URL='{path}'"),
+                format!("0.5, {path}"),
+                format!(" 0 ; Url = \"{to}\""),
+            ][rng.random_range(0..4)]
+            .clone();
+            let links = format!("<a href=\"{}\">not inverted</a>", any(rng));
+            html(format!(
+                "<meta http-equiv=refresh content=\"{content}\"><title>Redirection</title>{links}"
+            ))
+        }
         _ => {
             let mut body = format!("<html><head><title>T{}</title>", rng.random_range(0..1000));
             if rng.random_bool(0.1) {
                 body.push_str("<meta name=robots content=noindex>");
+            }
+            if rng.random_bool(0.05) {
+                // Only a delay-0 refresh is a redirect.
+                body.push_str(&format!(
+                    "<meta http-equiv=refresh content=\"30; url={}\">",
+                    any(rng)
+                ));
+            }
+            if rng.random_bool(0.4) {
+                // A declared canonical: the page itself (an empty href), or another URL (a
+                // page, an alias, nothing), often one of the first few, so that the pages
+                // that share this body often vote for one of them.
+                let href = match rng.random_range(0..4) {
+                    0 => String::new(),
+                    1 => any(rng),
+                    _ => urls[rng.random_range(0..3)].clone(),
+                };
+                body.push_str(&format!("<link rel=canonical href=\"{href}\">"));
             }
             body.push_str("</head><body>");
             for _ in 0..rng.random_range(0..6) {
@@ -481,4 +546,79 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
         }
     }
     report(failed);
+}
+
+/// SPEC §6.4's votes and §6.2's refresh redirects, step by step: a declared canonical names a
+/// page through an alias, the alias moves (an HTTP redirect, then a refresh, then gone), and
+/// the canonical follows each move, as the reference says after every step.
+#[test]
+fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let web = Web::default();
+        let h = harness(&web).await;
+        let mut fetched: BTreeMap<String, Response> = BTreeMap::new();
+        let mut put = async |url: &str, r: Response| {
+            fetched.insert(url.to_string(), r.clone());
+            load(&h, url, r).await;
+            h.engine.run_until_quiet().await.unwrap();
+            let got = perc_observers::export(&h.client).await.unwrap();
+            assert_eq!(show(&got), show(&reference(&fetched)), "after loading {url}");
+        };
+        let canon = async |u: &str| {
+            perc_observers::canonical(&h.client, &Url::parse(u).unwrap()).await.unwrap()
+        };
+        let same = "<title>same</title><link rel=canonical href=/old>".to_string();
+        put("http://s.test/a", html(same.clone())).await;
+        put("http://s.test/b", html(same.clone())).await;
+        put("http://s.test/zz-long", html(same)).await;
+        put("http://s.test/c", html("<a href=/a>to a</a>".into())).await;
+        // No vote counts yet (/old is no member): a has the in-degree.
+        assert_eq!(canon("http://s.test/b").await, Ok("http://s.test/a".into()));
+        // /old redirects to zz-long: three votes for it, against a's in-degree.
+        put("http://s.test/old", redirect("http://s.test/zz-long")).await;
+        assert_eq!(canon("http://s.test/a").await, Ok("http://s.test/zz-long".into()));
+        // /old becomes a refresh page to b: the votes follow, and /old is b's alias.
+        let refresh = "<meta http-equiv=Refresh content=\"0; URL='/b'\"><a href=/c>c</a>";
+        put("http://s.test/old", html(refresh.into())).await;
+        assert_eq!(canon("http://s.test/a").await, Ok("http://s.test/b".into()));
+        assert_eq!(canon("http://s.test/old").await, Ok("http://s.test/b".into()));
+        let old = Url::parse("http://s.test/old").unwrap();
+        match perc_observers::page_info(&h.client, &old).await.unwrap() {
+            perc_observers::PageInfo::NotAPage(m) => {
+                assert_eq!(
+                    (m.kind.as_str(), m.reason.as_str()),
+                    ("redirect", "refresh redirect to http://s.test/b")
+                )
+            }
+            other => panic!("a refresh redirect is no page: {other:?}"),
+        }
+        // A refresh with a delay is a page; /old gone: no votes, the in-degree rule again.
+        put(
+            "http://s.test/d",
+            html("<meta http-equiv=refresh content='5; url=/c'><a href=/a>a</a>".into()),
+        )
+        .await;
+        put("http://s.test/old", status(404)).await;
+        assert_eq!(canon("http://s.test/zz-long").await, Ok("http://s.test/a".into()));
+        // A refresh loop: neither URL is a page, and asking for a canonical says why.
+        put("http://s.test/r1", html("<meta http-equiv=refresh content='0;url=/r2'>".into())).await;
+        put("http://s.test/r2", html("<meta http-equiv=refresh content='0;url=/r1'>".into())).await;
+        assert_eq!(
+            canon("http://s.test/r1").await,
+            Err("http://s.test/r1: too many redirects".into())
+        );
+        let pages = perc_observers::export(&h.client).await.unwrap();
+        let urls: Vec<&str> = pages.iter().map(|l| l.url.as_str()).collect();
+        assert_eq!(
+            urls,
+            [
+                "http://s.test/a",
+                "http://s.test/b",
+                "http://s.test/c",
+                "http://s.test/d",
+                "http://s.test/zz-long"
+            ]
+        );
+    });
 }

@@ -88,6 +88,13 @@ pub struct Meta {
     /// to share a row key with this page's URL).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub long_links_dropped: u32,
+    /// The page's `<link rel=canonical>`, resolved: its vote (SPEC §6.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_canonical: Option<String>,
+    /// A page's refresh that is not a redirect (a delay above 0), as recorded: "after 5 s
+    /// to <url>".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

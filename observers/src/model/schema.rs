@@ -9,6 +9,7 @@
 //!                          page:follow  {depth, hops, targets}          parse
 //!                          page:hash    content hash ("" if no page)    parse
 //!                          page:redirect  target ("" if none)           parse
+//!                          page:declared  declared canonical ("")       parse
 //!                          page:canonical                               cluster
 //!                          indeg:indeg  in-degree                       indegree
 //!                          indeg:names  the page and its aliases        indegree
@@ -61,6 +62,7 @@ pub mod col {
     pub const HASH: &[u8] = b"page:hash";
     pub const REDIRECT: &[u8] = b"page:redirect";
     pub const CANONICAL: &[u8] = b"page:canonical";
+    pub const DECLARED: &[u8] = b"page:declared";
     pub const HASH_REGISTERED: &[u8] = b"dedup:registered";
     pub const TARGET_REGISTERED: &[u8] = b"alias:done";
     pub const INDEG_DIRTY: &[u8] = b"indeg:dirty";
