@@ -1,7 +1,8 @@
 //! parse: a raw page becomes what the index needs to know about it.
 //!
 //! - Trigger: `crawl:raw` of `p:<url>` (strong).
-//! - Reads: the raw record, and the cells it and its stages write, all in one call.
+//! - Reads: the raw record, and the cells it and its stages write (the engine prefetches
+//!   them with the record, having seen earlier runs read them).
 //! - Writes (each only if it changed): `page:meta` (kind, reason, title, noindex, hash),
 //!   `page:links` (one `[target, anchor]` per distinct target, sorted), `page:follow`
 //!   (what discovery may follow; only for a page in the frontier, which a replayed page is
@@ -44,21 +45,7 @@ impl Observer for Parse {
         _column: &Bytes,
     ) -> Result<(), ObserverError> {
         let Some(url_text) = model::url_of(row) else { return Ok(()) };
-        // Every cell this run and its stages read, in one call (later reads are free).
-        let cells = [
-            col::RAW,
-            col::META,
-            col::LINKS,
-            col::WANT,
-            col::HASH,
-            col::REDIRECT,
-            col::DECLARED,
-            col::HASH_REGISTERED,
-            col::TARGET_REGISTERED,
-        ];
-        let keys: Vec<(Bytes, Bytes)> =
-            cells.iter().map(|c| (row.clone(), Bytes::from_static(c))).collect();
-        let Some(raw) = txn.get_many(&keys).await?.swap_remove(0) else { return Ok(()) };
+        let Some(raw) = txn.get(row, col::RAW).await? else { return Ok(()) };
         let (head, body) = model::decode_raw(&raw)
             .map_err(|e| IndexError::corrupt(format!("crawl:raw of {url_text}"), e))?;
         let url = url::Url::parse(url_text).map_err(|e| IndexError::BadRow {
