@@ -17,6 +17,9 @@
 //!   check_and_mutate              one CheckAndMutateRow; conditions become a predicate
 //!   mutate_rows                   one MutateRows per 100k mutations; status per row
 //!   scan                          a streaming ReadRows of one family, cut at `limit`
+//!   scan_many                     one streaming ReadRows over the union of the ranges and
+//!                                 families, each cell handed to the scans it belongs to
+//!                                 (scans with a limit: one ReadRows each)
 //!   sync                          nothing: Bigtable acknowledges durable writes
 //! ```
 //!
@@ -123,6 +126,32 @@ fn range(r: TsRange) -> TimestampRange {
         start_timestamp_micros: micros(r.min),
         end_timestamp_micros: micros(r.max.next()),
     }
+}
+
+/// The scans' row ranges as disjoint ranges in row order (what one ReadRows reads once).
+fn disjoint_ranges(scans: &[Scan]) -> Vec<RowRange> {
+    let mut spans: Vec<(&Bytes, &Bytes)> = scans.iter().map(|s| (&s.start, &s.end)).collect();
+    spans.sort();
+    // An empty end is the end of the table: after every key.
+    let after = |a: &Bytes, b: &Bytes| b.is_empty() || (!a.is_empty() && a <= b);
+    let mut merged: Vec<(Bytes, Bytes)> = Vec::new();
+    for (start, end) in spans {
+        match merged.last_mut() {
+            Some((_, last_end)) if last_end.is_empty() || start <= last_end => {
+                if !after(end, last_end) {
+                    *last_end = end.clone();
+                }
+            }
+            _ => merged.push((start.clone(), end.clone())),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(start, end)| RowRange {
+            start_key: Some(row_range::StartKey::StartKeyClosed(start.to_vec())),
+            end_key: (!end.is_empty()).then(|| row_range::EndKey::EndKeyOpen(end.to_vec())),
+        })
+        .collect()
 }
 
 fn filter(f: row_filter::Filter) -> RowFilter {
@@ -463,6 +492,52 @@ impl Store for BigtableStore {
                 });
                 if out.len() >= scan.limit {
                     return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn scan_many(&self, scans: &[Scan]) -> perc_store::Result<Vec<Vec<ScanCell>>> {
+        if scans.len() < 2 || scans.iter().any(|s| s.limit != usize::MAX) {
+            let mut out = Vec::with_capacity(scans.len());
+            for scan in scans {
+                out.push(self.scan(scan).await?);
+            }
+            return Ok(out);
+        }
+        let mut families: Vec<&str> = Vec::new();
+        for scan in scans {
+            self.schema.locality(scan.family)?;
+            if !families.contains(&scan.family) {
+                families.push(scan.family);
+            }
+        }
+        let req = ReadRowsRequest {
+            table_name: self.table.clone(),
+            rows: Some(RowSet { row_keys: vec![], row_ranges: disjoint_ranges(scans) }),
+            filter: Some(filter(row_filter::Filter::FamilyNameRegexFilter(format!(
+                "^({})$",
+                families.join("|")
+            )))),
+            ..ReadRowsRequest::default()
+        };
+        let mut stream = self.client().stream_rows(req).await.map_err(|e| rpc("ReadRows", e))?;
+        let mut out: Vec<Vec<ScanCell>> = vec![Vec::new(); scans.len()];
+        while let Some(next) = stream.next().await {
+            let (row, cells) = next.map_err(|e| rpc("ReadRows", e))?;
+            let row = Bytes::from(row);
+            let within = |s: &Scan| row >= s.start && (s.end.is_empty() || row < s.end);
+            let mine: Vec<usize> = (0..scans.len()).filter(|&i| within(&scans[i])).collect();
+            for c in cells {
+                let cell = ScanCell {
+                    row: row.clone(),
+                    qualifier: Bytes::from(c.qualifier),
+                    ts: ts_of(c.timestamp_micros),
+                    value: Bytes::from(c.value),
+                };
+                for &i in mine.iter().filter(|&&i| scans[i].family == c.family_name) {
+                    out[i].push(cell.clone());
                 }
             }
         }

@@ -126,6 +126,10 @@ impl<S: Store> Store for Coalesced<S> {
         self.inner.scan(scan).await
     }
 
+    async fn scan_many(&self, scans: &[Scan]) -> Result<Vec<Vec<ScanCell>>> {
+        self.inner.scan_many(scans).await
+    }
+
     async fn sync(&self) -> Result<()> {
         self.inner.sync().await
     }

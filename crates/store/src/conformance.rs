@@ -325,6 +325,32 @@ pub async fn scan_one_family(s: Arc<dyn Store>) {
     assert_eq!(rows(s.scan(&scan("n", "", "", 2)).await.unwrap()).len(), 2);
     let value = s.scan(&scan("n", "c", "", 1)).await.unwrap().remove(0).value;
     assert_eq!(value, Bytes::from_static(b"c"));
+    // Several scans in one call, of several families over ranges that overlap, each with
+    // the cells a scan of its own returns (limits included).
+    let many = [
+        scan("f", "b", "", 100),
+        scan("g", "", "b", 100),
+        scan("n", "a", "c", 100),
+        scan("f", "a", "b", 100),
+        scan("n", "", "", 2),
+        scan("f", "c", "", 0),
+    ];
+    let unlimited = [
+        scan("f", "b", "", usize::MAX),
+        scan("g", "", "b", usize::MAX),
+        scan("n", "a", "c", usize::MAX),
+        scan("f", "a", "b", usize::MAX),
+        scan("n", "c", "", usize::MAX),
+        scan("f", "", "", usize::MAX),
+    ];
+    for many in [&many[..], &unlimited[..]] {
+        let got = s.scan_many(many).await.unwrap();
+        assert_eq!(got.len(), many.len());
+        for (one, cells) in many.iter().zip(got) {
+            assert_eq!(rows(cells), rows(s.scan(one).await.unwrap()), "{one:?}");
+        }
+    }
+    assert!(s.scan_many(&[]).await.unwrap().is_empty());
 }
 
 pub async fn batched_rows(s: Arc<dyn Store>) {

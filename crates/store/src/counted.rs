@@ -60,7 +60,7 @@ impl<S: Store> Counted<S> {
         &self.inner
     }
 
-    /// Scan calls of `family` so far.
+    /// Scans of `family` so far (each of a `scan_many` counted).
     pub fn scans_of(&self, family: &str) -> u64 {
         let by_family = self.counters.scans_by_family.lock().unwrap_or_else(|e| e.into_inner());
         by_family.get(family).copied().unwrap_or(0)
@@ -122,6 +122,17 @@ impl<S: Store> Store for Counted<S> {
             .entry(scan.family)
             .or_default() += 1;
         self.inner.scan(scan).await
+    }
+    async fn scan_many(&self, scans: &[Scan]) -> Result<Vec<Vec<ScanCell>>> {
+        bump(&self.counters.scan, 1);
+        {
+            let mut by_family =
+                self.counters.scans_by_family.lock().unwrap_or_else(|e| e.into_inner());
+            for scan in scans {
+                *by_family.entry(scan.family).or_default() += 1;
+            }
+        }
+        self.inner.scan_many(scans).await
     }
     async fn sync(&self) -> Result<()> {
         bump(&self.counters.sync, 1);

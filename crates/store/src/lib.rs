@@ -334,6 +334,16 @@ pub trait Store: Send + Sync + 'static {
     /// The cells of one family in a row range; see [`Scan`].
     async fn scan(&self, scan: &Scan) -> Result<Vec<ScanCell>>;
 
+    /// Several scans in one call (as Bigtable's ReadRows takes several row ranges): each
+    /// scan's cells, as [`Self::scan`] returns them. Not a consistent snapshot across them.
+    async fn scan_many(&self, scans: &[Scan]) -> Result<Vec<Vec<ScanCell>>> {
+        let mut out = Vec::with_capacity(scans.len());
+        for scan in scans {
+            out.push(self.scan(scan).await?);
+        }
+        Ok(out)
+    }
+
     /// Returns once every write acknowledged before this call is durable. Concurrent calls
     /// share one flush (group commit).
     async fn sync(&self) -> Result<()>;
@@ -364,6 +374,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn scan(&self, scan: &Scan) -> Result<Vec<ScanCell>> {
         (**self).scan(scan).await
+    }
+    async fn scan_many(&self, scans: &[Scan]) -> Result<Vec<Vec<ScanCell>>> {
+        (**self).scan_many(scans).await
     }
     async fn sync(&self) -> Result<()> {
         (**self).sync().await

@@ -198,60 +198,91 @@ impl Transaction {
 
     /// The rows in `[start, end)` (`end` empty: to the end) that have a value in `column` in
     /// this snapshot, with those values, in row order (this transaction's own buffered writes
-    /// included). Reads the `write` family over the range, so its cost follows the cells in
-    /// the range, not the table: keep scanned columns under a row prefix of their own.
+    /// included). Reads the `lock` and `write` families over the range (in one call), so its
+    /// cost follows the cells in the range, not the table: keep scanned columns under a row
+    /// prefix of their own.
     pub async fn scan(
         &self,
         start: &[u8],
         end: &[u8],
         column: &[u8],
     ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
+        Ok(self.scan_ranges(&[(start, end)], column).await?.pop().unwrap_or_default())
+    }
+
+    /// [`Self::scan`] of several ranges, in one scan call for all of them and one read of
+    /// the values found.
+    pub async fn scan_ranges(
+        &self,
+        ranges: &[(&[u8], &[u8])],
+        column: &[u8],
+    ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
         let store = self.client.store();
-        let range = |family: &'static str| perc_store::Scan {
-            family,
-            start: Bytes::copy_from_slice(start),
-            end: Bytes::copy_from_slice(end),
-            limit: usize::MAX,
-        };
-        let column = Bytes::copy_from_slice(column);
-        let mut found: BTreeMap<Bytes, Option<Bytes>> = BTreeMap::new();
-        // Cells locked at or below start_ts are read one by one, which waits on or resolves
-        // the lock exactly as `get` does.
-        let mut locked = BTreeSet::new();
-        for c in store.scan(&range(actions::LOCK.name)).await? {
-            if c.qualifier == column && c.ts <= self.start_ts {
-                locked.insert(c.row);
-            }
-        }
-        // Newest committed record at or below start_ts, per row (cells come newest first).
-        let mut newest: BTreeMap<Bytes, WriteRecord> = BTreeMap::new();
-        for c in store.scan(&range(actions::WRITE.name)).await? {
-            if c.qualifier != column
-                || c.ts > self.start_ts
-                || locked.contains(&c.row)
-                || newest.contains_key(&c.row)
-            {
-                continue;
-            }
-            let record = WriteRecord::decode(&c.value)?;
-            if record.kind != WriteKind::Rollback {
-                newest.insert(c.row, record);
-            }
-        }
-        let puts: Vec<(Bytes, Ts)> = newest
-            .into_iter()
-            .filter(|(_, r)| r.kind == WriteKind::Put)
-            .map(|(row, r)| (row, r.start_ts))
+        let scans: Vec<perc_store::Scan> = ranges
+            .iter()
+            .flat_map(|(start, end)| {
+                [actions::LOCK.name, actions::WRITE.name].map(|family| perc_store::Scan {
+                    family,
+                    start: Bytes::copy_from_slice(start),
+                    end: Bytes::copy_from_slice(end),
+                    limit: usize::MAX,
+                })
+            })
             .collect();
+        let column = Bytes::copy_from_slice(column);
+        let mut scanned = store.scan_many(&scans).await?.into_iter();
+        // Per range: cells locked at or below start_ts, read one by one (which waits on or
+        // resolves the lock exactly as `get` does), and the newest committed record at or
+        // below start_ts of each other row (cells come newest first).
+        let mut per_range: Vec<(BTreeSet<Bytes>, BTreeMap<Bytes, WriteRecord>)> = Vec::new();
+        for _ in ranges {
+            let (locks, writes) = (scanned.next(), scanned.next());
+            let mut locked = BTreeSet::new();
+            for c in locks.into_iter().flatten() {
+                if c.qualifier == column && c.ts <= self.start_ts {
+                    locked.insert(c.row);
+                }
+            }
+            let mut newest: BTreeMap<Bytes, WriteRecord> = BTreeMap::new();
+            for c in writes.into_iter().flatten() {
+                if c.qualifier != column
+                    || c.ts > self.start_ts
+                    || locked.contains(&c.row)
+                    || newest.contains_key(&c.row)
+                {
+                    continue;
+                }
+                let record = WriteRecord::decode(&c.value)?;
+                if record.kind != WriteKind::Rollback {
+                    newest.insert(c.row, record);
+                }
+            }
+            per_range.push((locked, newest));
+        }
+        // The values of every range's puts, in one read.
+        let puts: Vec<(usize, Bytes, Ts)> = per_range
+            .iter_mut()
+            .enumerate()
+            .flat_map(|(i, (_, newest))| {
+                std::mem::take(newest)
+                    .into_iter()
+                    .filter(|(_, r)| r.kind == WriteKind::Put)
+                    .map(move |(row, r)| (i, row, r.start_ts))
+            })
+            .collect();
+        let mut found: Vec<BTreeMap<Bytes, Option<Bytes>>> = vec![BTreeMap::new(); ranges.len()];
         if !puts.is_empty() {
             let reads: Vec<RowRead> = puts
                 .iter()
-                .map(|(row, ts)| RowRead {
+                .map(|(_, row, ts)| RowRead {
                     row: row.clone(),
                     reads: vec![ColumnRead::newest(data_col(&column), TsRange::at(*ts))],
                 })
                 .collect();
-            for ((row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
+            for ((i, row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
                 let cell = got.remove(0).pop().ok_or_else(|| {
                     TxnError::Corrupt(format!(
                         "{}/{}: no data at {ts} for its write record",
@@ -259,19 +290,29 @@ impl Transaction {
                         error::show(&column)
                     ))
                 })?;
-                found.insert(row, Some(cell.value));
+                found[i].insert(row, Some(cell.value));
             }
         }
-        for row in locked {
-            let v = self.get(&row, &column).await?;
-            found.insert(row, v);
-        }
-        for ((row, col), v) in &self.writes {
-            if *col == column && row.as_ref() >= start && (end.is_empty() || row.as_ref() < end) {
-                found.insert(row.clone(), v.clone());
+        for (i, (locked, _)) in per_range.into_iter().enumerate() {
+            for row in locked {
+                let v = self.get(&row, &column).await?;
+                found[i].insert(row, v);
             }
         }
-        Ok(found.into_iter().filter_map(|(row, v)| v.map(|v| (row, v))).collect())
+        for ((start, end), found) in ranges.iter().zip(found.iter_mut()) {
+            for ((row, col), v) in &self.writes {
+                if *col == column
+                    && row.as_ref() >= *start
+                    && (end.is_empty() || row.as_ref() < *end)
+                {
+                    found.insert(row.clone(), v.clone());
+                }
+            }
+        }
+        Ok(found
+            .into_iter()
+            .map(|f| f.into_iter().filter_map(|(row, v)| v.map(|v| (row, v))).collect())
+            .collect())
     }
 
     /// Whether the transaction has nothing to commit: no write and no notification buffered.

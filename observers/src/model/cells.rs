@@ -37,13 +37,14 @@ pub async fn child_keys(
         .collect())
 }
 
-/// Every edge whose target is one of `names`, sorted by (from, to): one prefix scan of the
-/// `e:` rows per name.
+/// Every edge whose target is one of `names`, sorted by (from, to): a prefix scan of the
+/// `e:` rows per name, all in one call.
 pub async fn inlinks(txn: &Transaction, names: &[String]) -> Result<Vec<Inlink>, TxnError> {
+    let spans: Vec<(Vec<u8>, Vec<u8>)> = names.iter().map(|n| children("e:", n)).collect();
+    let ranges: Vec<(&[u8], &[u8])> = spans.iter().map(|(s, e)| (&s[..], &e[..])).collect();
     let mut out = Vec::new();
-    for name in names {
-        let (start, end) = children("e:", name);
-        for (edge_row, anchor) in txn.scan(&start, &end, col::EDGE).await? {
+    for (name, edges) in names.iter().zip(txn.scan_ranges(&ranges, col::EDGE).await?) {
+        for (edge_row, anchor) in edges {
             let Some(source) = child_key(&edge_row) else { continue };
             out.push(Inlink {
                 from: source.to_string(),
