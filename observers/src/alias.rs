@@ -25,6 +25,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         child: model::redirect_in,
         child_column: col::ALIAS_FROM,
         notify: None,
+        value: Bytes::new(),
     };
     if model::reregister(txn, row, source, &redirect).await? {
         txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));

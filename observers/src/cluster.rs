@@ -14,7 +14,11 @@
 //!   lexicographically smaller (SPEC §6.4).
 //! - Then, in the same transaction, [`forward`] (the canonical's `fwd:names`), from the names
 //!   read here; its contract is in its module.
-//! - Notifies: export of every member whose canonical changed (weakly).
+//! - Publishes the cluster in the band index of near-duplicates ([`publish`]: `s:` rows and
+//!   `near:registered`, from the simhash its member rows hold).
+//! - Notifies: export of every member whose canonical changed (weakly); the head's
+//!   `near:dirty` when its canonical or its band rows changed ([`crate::near`] tells the
+//!   near-duplicates).
 //! - Twice is harmless: the choice is a function of the current rows; only differences are
 //!   written.
 
@@ -42,11 +46,6 @@ pub fn hold_membership(txn: &mut Transaction, member_row: &Bytes, hash: impl Int
     txn.set(member_row.clone(), Bytes::from_static(col::HASH_REGISTERED), hash);
 }
 
-/// The members of a cluster, by URL.
-pub async fn members(txn: &Transaction, hash: &str) -> Result<Vec<String>, ObserverError> {
-    Ok(model::child_keys(txn, "c:", hash, col::MEMBER).await?)
-}
-
 #[async_trait]
 impl Observer for Cluster {
     async fn observe(
@@ -59,9 +58,15 @@ impl Observer for Cluster {
             return Ok(());
         };
         let hash = hash.to_string();
-        let members = members(txn, &hash).await?;
+        let (start, end) = model::children("c:", &hash);
+        let rows = txn.scan(&start, &end, col::MEMBER).await?;
+        // Members share their body, so the first one's simhash is the cluster's.
+        let simhash = rows.first().and_then(|(_, v)| model::parse_simhash(v));
+        let members: Vec<String> =
+            rows.iter().filter_map(|(r, _)| model::child_key(r).map(str::to_string)).collect();
         if members.is_empty() {
-            model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
+            let gone = model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
+            publish(txn, row, &hash, None, gone).await?;
             return Ok(());
         }
         let keys: Vec<(Bytes, Bytes)> = members
@@ -88,8 +93,10 @@ impl Observer for Cluster {
             .min_by_key(|&i| (Reverse((votes[i], indeg(i))), members[i].len(), members[i].clone()))
             .expect("members is not empty");
         let canonical = members[best].clone();
-        model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone()))
-            .await?;
+        let moved =
+            model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone()))
+                .await?;
+        publish(txn, row, &hash, simhash, moved).await?;
         for (i, m) in members.iter().enumerate() {
             if cell(i, 1).map(|c| &c[..]) != Some(canonical.as_bytes()) {
                 let member_row = model::page(m);
@@ -103,6 +110,47 @@ impl Observer for Cluster {
         forward::run(txn, &hash, &members, &names, &forwarded, &canonical).await?;
         Ok(())
     }
+}
+
+/// Keeps the cluster's rows in the band index (SPEC §6.4a) those of `simhash` (none for an
+/// empty cluster or a body of under 3 tokens): the rows of a simhash it no longer has are
+/// deleted, those of the new one written, and `near:registered` says which it has. The rows
+/// are written unchecked: only this head's runs write them, and those conflict on
+/// `near:registered`. When they or the canonical (`moved`) changed, and the cluster has or
+/// had a simhash, `near:published` gets a new value (this run's start and the simhash) and
+/// [`crate::near`] is told: near-duplicates may have seen what changed.
+async fn publish(
+    txn: &mut Transaction,
+    head: &Bytes,
+    hash: &str,
+    simhash: Option<u64>,
+    moved: bool,
+) -> Result<(), ObserverError> {
+    let registered =
+        txn.get(head, col::NEAR_REGISTERED).await?.and_then(|v| model::parse_simhash(&v));
+    if registered != simhash {
+        for band in registered.map(|s| model::bands(s, hash)).into_iter().flatten() {
+            txn.delete_unchecked(band, Bytes::from_static(col::BAND));
+        }
+        match simhash {
+            Some(s) => {
+                for band in model::bands(s, hash) {
+                    txn.set_unchecked(band, Bytes::from_static(col::BAND), model::simhash_hex(s));
+                }
+                let value = model::simhash_hex(s);
+                txn.set(head.clone(), Bytes::from_static(col::NEAR_REGISTERED), value);
+            }
+            None => txn.delete(head.clone(), Bytes::from_static(col::NEAR_REGISTERED)),
+        }
+    } else if !moved {
+        return Ok(());
+    }
+    if let Some(s) = simhash.or(registered) {
+        let published = format!("{:016x} {}", txn.start_ts().0, model::simhash_hex(s));
+        txn.set(head.clone(), Bytes::from_static(col::NEAR_PUBLISHED), published);
+        txn.notify(head.clone(), Bytes::from_static(col::NEAR_DIRTY));
+    }
+    Ok(())
 }
 
 /// The cells read of each member, in this order: `indeg:indeg`, `page:canonical`,

@@ -2,8 +2,9 @@
 //!
 //! - Runs: in the page's parse run, after parse wrote `page:hash`.
 //! - Reads: the hash, and `dedup:registered` (the hash this page is registered under).
-//! - Writes: the membership rows `c:<hash>\0<url>` (removes the old one, adds the new one),
-//!   and `dedup:registered`.
+//! - Writes: the membership rows `c:<hash>\0<url>` (removes the old one, adds the new one,
+//!   whose value is the body's simhash in hex, "" if it has none: the cluster's, since its
+//!   members share the body), and `dedup:registered`.
 //! - Notifies: the old and the new cluster heads (`cluster:dirty`, weakly), so canonical
 //!   choice runs for both.
 //! - Twice is harmless: when the registered hash equals the current one there is nothing to
@@ -15,8 +16,12 @@ use perc_txn::Transaction;
 
 use crate::model::{self, col};
 
-/// The stage, in the transaction of the page's parse run.
-pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
+/// The stage, in the transaction of the page's parse run: `simhash` is the page's body's.
+pub async fn run(
+    txn: &mut Transaction,
+    row: &Bytes,
+    simhash: Option<u64>,
+) -> Result<(), ObserverError> {
     let Some(url) = model::url_of(row) else { return Ok(()) };
     let membership = model::Registration {
         key: col::HASH,
@@ -24,6 +29,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         child: model::member,
         child_column: col::MEMBER,
         notify: Some((model::cluster_head, col::CLUSTER_DIRTY)),
+        value: Bytes::from(simhash.map(model::simhash_hex).unwrap_or_default()),
     };
     model::reregister(txn, row, url, &membership).await?;
     Ok(())

@@ -2,9 +2,9 @@
 //!
 //! - Trigger: `export:dirty` of `p:<url>` (weak: set by parse, indegree and cluster).
 //! - Reads: `page:meta`, `page:canonical`, `indeg:indeg`.
-//! - Writes: `export:line`, the page's JSON line without its inlinks (readers join those from
-//!   the `e:` rows, see [`crate::model::full_line`]), or removes it when the URL is not (or
-//!   no longer) a page.
+//! - Writes: `export:line`, the page's JSON line without its inlinks and near-duplicates
+//!   (readers join those from the `e:` rows and the cluster's `near:list`, see
+//!   [`crate::model::full_line`]), or removes it when the URL is not (or no longer) a page.
 //! - Notifies: nobody; `perc export` reads these lines in URL order.
 //! - Twice is harmless: the line is a function of the current cells, written only if changed.
 
@@ -45,6 +45,7 @@ impl Observer for Export {
             title: meta.title,
             in_degree,
             noindex: meta.noindex,
+            near_duplicates: Vec::new(),
             inlinks: Vec::new(),
         };
         model::set_json_if_changed(txn, row, col::EXPORT_LINE, &line).await?;

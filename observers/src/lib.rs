@@ -1,5 +1,5 @@
-//! The indexing pipeline: ten stages, each doing one job and writing what the next one
-//! watches (SPEC §6), and the loaders and queries around them. Six are observers with a
+//! The indexing pipeline: eleven stages, each doing one job and writing what the next one
+//! watches (SPEC §6), and the loaders and queries around them. Seven are observers with a
 //! trigger column of their own; dedup, invert and alias run inside parse's transaction (they
 //! read only the page's own row, which parse has just written: one run per page, not four),
 //! and forward inside cluster's (it reads what cluster's choice read).
@@ -10,6 +10,9 @@
 //!                                                        ├─► (+ alias) ───────────┘   │
 //!                                                        └─► page:follow ─► discover  ▼
 //!                    export ◄─ cluster (+ forward) ◄────────────── cluster:dirty ◄─ indegree
+//!                                 │ near:dirty (canonical or band rows changed)
+//!                                 ▼
+//!                               near ─► near:dirty of the near-duplicate clusters
 //!                        (every stage that changes what a page shows notifies export)
 //! ```
 //!
@@ -28,6 +31,7 @@ pub mod indegree;
 pub mod invert;
 mod load;
 pub mod model;
+pub mod near;
 pub mod parse;
 mod query;
 
@@ -52,6 +56,7 @@ pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
     r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
     r.register("indegree", col::INDEG_DIRTY, NotifyKind::Weak, Arc::new(indegree::InDegree))?;
     r.register("cluster", col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
+    r.register("near", col::NEAR_DIRTY, NotifyKind::Weak, Arc::new(near::Near))?;
     r.register("export", col::EXPORT_DIRTY, NotifyKind::Weak, Arc::new(export::Export))?;
     Ok(r)
 }

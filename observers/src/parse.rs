@@ -55,6 +55,7 @@ impl Observer for Parse {
         let mut meta = Meta { status: head.status, ..Meta::default() };
         let mut links: Vec<(String, String)> = Vec::new();
         let mut follow = Follow { depth: head.depth, hops: head.hops, ..Follow::default() };
+        let mut simhash = None;
         let status = head.status.unwrap_or(0);
         let html = matches!(
             head.content_type.as_deref(),
@@ -87,6 +88,8 @@ impl Observer for Parse {
                 meta.encoding = parsed.encoding.to_string();
                 meta.long_links_dropped = parsed.long_links as u32;
                 meta.declared_canonical = parsed.canonical.map(String::from);
+                meta.simhash = parsed.simhash.map(model::simhash_hex);
+                simhash = parsed.simhash;
                 meta.refresh = refresh.map(|r| match &r.target {
                     Some(t) => format!("after {} s to {t}", r.delay_s),
                     None => format!("after {} s, this page again", r.delay_s),
@@ -139,7 +142,7 @@ impl Observer for Parse {
         }
         // The page-local stages follow in this transaction, reading what it just wrote: one
         // run per page instead of four (each stage's contract is in its module).
-        dedup::run(txn, row).await?;
+        dedup::run(txn, row, simhash).await?;
         invert::run(txn, row, &links_before, &links).await?;
         alias::run(txn, row).await?;
         Ok(())

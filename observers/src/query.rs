@@ -158,13 +158,11 @@ pub async fn export_each<E: From<IndexError>>(
     let mut lines = lines.into_iter().peekable();
     while lines.peek().is_some() {
         let chunk: Vec<ExportLine> = lines.by_ref().take(512).collect();
-        let keys: Vec<(Bytes, Bytes)> = chunk
-            .iter()
-            .map(|l| (model::page(&l.url), Bytes::from_static(col::FWD_NAMES)))
-            .collect();
-        let names = t.get_many(&keys).await.map_err(IndexError::from)?;
-        for (line, names) in chunk.into_iter().zip(names) {
-            each(model::full_line(&t, line, names).await?)?;
+        let keys: Vec<(Bytes, Bytes)> = chunk.iter().flat_map(model::join_keys).collect();
+        let mut joined = t.get_many(&keys).await.map_err(IndexError::from)?.into_iter();
+        for line in chunk {
+            let cells = [joined.next().flatten(), joined.next().flatten()];
+            each(model::full_line(&t, line, cells).await?)?;
         }
     }
     Ok(())
@@ -186,9 +184,10 @@ pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, IndexErro
     let t = client.begin().await?;
     let row = model::page(url.as_str());
     if let Some(line) = model::get_json::<ExportLine>(&t, &row, col::EXPORT_LINE).await? {
-        let names = t.get(&row, col::FWD_NAMES).await?;
+        let joined = t.get_many(&model::join_keys(&line)).await?;
+        let cells = [joined[0].clone(), joined[1].clone()];
         let meta = model::get_json::<Meta>(&t, &row, col::META).await?.unwrap_or_default();
-        return Ok(PageInfo::Page(model::full_line(&t, line, names).await?, meta));
+        return Ok(PageInfo::Page(model::full_line(&t, line, cells).await?, meta));
     }
     if let Some(meta) = model::get_json::<Meta>(&t, &row, col::META).await? {
         return Ok(PageInfo::NotAPage(meta));

@@ -418,11 +418,14 @@ async fn dispatch(
                         declared_canonical: Option<String>,
                         #[serde(skip_serializing_if = "Option::is_none")]
                         refresh: Option<String>,
+                        #[serde(skip_serializing_if = "Option::is_none")]
+                        simhash: Option<String>,
                     }
                     let shown = Shown {
                         line,
                         declared_canonical: meta.declared_canonical,
                         refresh: meta.refresh,
+                        simhash: meta.simhash,
                     };
                     out!("{}", serde_json::to_string(&shown)?)
                 }

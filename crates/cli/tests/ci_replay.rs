@@ -88,7 +88,7 @@ fn replay_expect_is_green_on_the_committed_golden_and_touches_no_disk() {
         ],
     );
     assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("are the same: 15 pages"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("are the same: 17 pages"), "{}", stdout(&out));
     // The store was in memory: the default data directory (./data) was never created.
     let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
@@ -125,7 +125,7 @@ fn replay_expect_names_each_difference_and_exits_1() {
     let report = std::fs::read_to_string(&junit).unwrap();
     assert!(report.contains("tests=\"4\" failures=\"3\""), "{report}");
     assert!(report.contains("changed: canonical"), "{report}");
-    assert!(report.contains("12 pages unchanged"), "{report}");
+    assert!(report.contains("14 pages unchanged"), "{report}");
 }
 
 #[test]
@@ -152,14 +152,14 @@ fn update_rewrites_the_golden_then_it_is_green() {
     let out = run(true);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(stdout(&out).contains("updated"), "{}", stdout(&out));
-    assert!(stdout(&out).contains("15 pages (3 changed, 0 added, 0 removed)"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("17 pages (3 changed, 0 added, 0 removed)"), "{}", stdout(&out));
     assert_eq!(
         std::fs::read_to_string(&golden).unwrap(),
         std::fs::read_to_string(fixture_golden()).unwrap()
     );
     assert_eq!(code(&run(false)), 0);
     let again = run(true);
-    assert!(stdout(&again).contains("is up to date: 15 pages"), "{}", stdout(&again));
+    assert!(stdout(&again).contains("is up to date: 17 pages"), "{}", stdout(&again));
     // A golden that does not exist yet: --update writes it, --expect alone says how.
     let new = tmp.path().join("new.jsonl");
     let missing = perc_in(
@@ -201,7 +201,7 @@ fn a_memory_store_is_for_commands_that_fill_it() {
     let out =
         perc_in(tmp.path(), &["--data", ":memory:", "replay", fixture_warc().to_str().unwrap()]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(stdout(&out).contains("15 pages indexed"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("17 pages indexed"), "{}", stdout(&out));
     let status = perc_in(tmp.path(), &["--data", ":memory:", "status"]);
     assert_eq!(code(&status), 1);
     let why = stderr(&status);
@@ -216,7 +216,7 @@ fn diff_exits_0_1_or_2_and_names_the_bad_line() {
     let g = golden.to_str().unwrap();
     let same = perc_in(tmp.path(), &["diff", g, g]);
     assert_eq!(code(&same), 0);
-    assert!(stdout(&same).contains("are the same: 15 pages"));
+    assert!(stdout(&same).contains("are the same: 17 pages"));
 
     let changed = tmp.path().join("changed.jsonl");
     let [(title_page, _), _, _] = tampered(&changed);

@@ -111,6 +111,24 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
     assert!(page.contains("\"reason\":\"HTTP 404\""), "{page}");
     let page = ok(&perc(&crawl_data, &["page", &site.url("blog/post1.html")]));
     assert!(page.contains("\"noindex\":true"), "{page}");
+    // What a page declares and what the export leaves out: its vote, a delayed refresh, its
+    // simhash; the near-duplicates of its cluster on the canonical's line.
+    let page = ok(&perc(&crawl_data, &["page", &site.url("manual/latest.html")]));
+    let v: serde_json::Value = serde_json::from_str(&page).unwrap();
+    assert_eq!(v["canonical"], site.url("manual/v1.html"));
+    assert_eq!(v["declared_canonical"], site.url("manual/v1.html"));
+    assert_eq!(v["simhash"].as_str().map(str::len), Some(16), "{page}");
+    let page = ok(&perc(&crawl_data, &["page", &site.url("notice.html")]));
+    let v: serde_json::Value = serde_json::from_str(&page).unwrap();
+    assert_eq!(v["refresh"], format!("after 30 s to {}", site.url("")));
+    let page = ok(&perc(&crawl_data, &["page", &site.url("products/widget-care.html")]));
+    let v: serde_json::Value = serde_json::from_str(&page).unwrap();
+    assert_eq!(
+        v["near_duplicates"],
+        serde_json::json!([site.url("products/widget-care-print.html")])
+    );
+    let page = ok(&perc(&crawl_data, &["page", &site.url("gadget-moved.html")]));
+    assert!(page.contains("refresh redirect to"), "{page}");
     let status = ok(&perc(&crawl_data, &["status"]));
     assert!(status.contains("pending notifications:         0"), "{status}");
     // The crawl-rate report: the one host, every request (robots.txt and the 404 counted;
@@ -269,7 +287,7 @@ fn a_wget_warc_replays() {
         &data,
         &["replay", root().join("fixtures/crawls/wget-demo.warc.gz").to_str().unwrap()],
     ));
-    assert!(out.contains("15 pages indexed"), "{out}");
+    assert!(out.contains("17 pages indexed"), "{out}");
     let got = export(&data, &tmp.path().join("wget.jsonl"));
     golden("wget-demo.jsonl", &got);
     // The home page's content hash is the one perc's own crawl computes.

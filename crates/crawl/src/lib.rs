@@ -7,6 +7,7 @@
 pub mod fetch;
 pub mod parse;
 pub mod robots;
+pub mod simhash;
 pub mod source;
 pub mod urls;
 pub mod warc;

@@ -63,6 +63,8 @@ pub struct ParsedPage {
     pub refresh: Option<Refresh>,
     /// Links left out for their length ([`crate::urls::link_fits`]).
     pub long_links: usize,
+    /// The simhash of the body's text ([`crate::simhash`]); `None` under 3 tokens.
+    pub simhash: Option<u64>,
     /// The encoding the text was decoded with.
     pub encoding: &'static str,
 }
@@ -190,6 +192,8 @@ pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
         .select(&selector("meta[http-equiv]"))
         .find(|m| m.value().attr("http-equiv").is_some_and(|h| h.eq_ignore_ascii_case("refresh")))
         .and_then(|m| parse_refresh(&base, m.value().attr("content").unwrap_or_default()));
+
+    page.simhash = crate::simhash::simhash(&crate::simhash::body_text(&doc));
 
     let mut index: HashMap<Url, usize> = HashMap::new();
     for a in doc.select(&selector("a[href]")) {

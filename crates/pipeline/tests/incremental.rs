@@ -75,6 +75,7 @@ struct RefPage {
     noindex: bool,
     links: Vec<(String, String, bool)>,
     declared: Option<String>,
+    simhash: Option<u64>,
 }
 
 /// What an HTML response says, when it is one.
@@ -102,6 +103,7 @@ fn ref_page(url: &str, r: &Response) -> Option<RefPage> {
         noindex: p.noindex,
         links: p.links.into_iter().map(|l| (l.target.to_string(), l.anchor, l.follow)).collect(),
         declared: p.canonical.map(String::from),
+        simhash: p.simhash,
     })
 }
 
@@ -169,16 +171,33 @@ fn reference(fetched: &BTreeMap<String, Response>) -> Vec<ExportLine> {
             *votes.entry(m).or_default() += 1;
         }
     }
-    let mut out = Vec::new();
-    for (u, p) in &pages {
-        let members = &clusters[p.hash.as_str()];
-        let canonical = *members
+    let canonical_of = |hash: &str| -> &str {
+        clusters[hash]
             .iter()
             .min_by_key(|m| {
                 let v = votes.get(*m).copied().unwrap_or(0);
                 (std::cmp::Reverse((v, indeg(m))), m.len(), m.to_string())
             })
-            .unwrap();
+            .unwrap()
+    };
+    // Near-duplicates: every pair of clusters, compared (SPEC §6.4a).
+    let simhash_of = |hash: &str| pages[clusters[hash][0]].simhash;
+    let near_of = |hash: &str| -> Vec<String> {
+        let Some(mine) = simhash_of(hash) else { return Vec::new() };
+        let mut near: Vec<String> = clusters
+            .keys()
+            .filter(|other| **other != hash)
+            .filter(|other| simhash_of(other).is_some_and(|s| (s ^ mine).count_ones() <= 3))
+            .map(|other| canonical_of(other).to_string())
+            .collect();
+        near.sort();
+        near.truncate(20);
+        near
+    };
+    let mut out = Vec::new();
+    for (u, p) in &pages {
+        let members = &clusters[p.hash.as_str()];
+        let canonical = canonical_of(p.hash.as_str());
         let mut links = Vec::new();
         if canonical == *u {
             for m in members {
@@ -194,6 +213,7 @@ fn reference(fetched: &BTreeMap<String, Response>) -> Vec<ExportLine> {
             title: p.title.clone(),
             in_degree: indeg(u),
             noindex: p.noindex,
+            near_duplicates: if canonical == *u { near_of(p.hash.as_str()) } else { Vec::new() },
             inlinks: links,
         });
     }
@@ -317,6 +337,11 @@ fn random_response(rng: &mut StdRng, urls: &[String], bodies: &mut Vec<String>) 
                 body.push_str(&format!("<link rel=canonical href=\"{href}\">"));
             }
             body.push_str("</head><body>");
+            if rng.random_bool(0.7) {
+                // Text: one of a few paragraphs, with a word or two changed (near-duplicates
+                // of each other, or not, by a few bits).
+                body.push_str(&format!("<p>{}</p>", paragraph(rng)));
+            }
             for _ in 0..rng.random_range(0..6) {
                 let target = if rng.random_bool(0.1) {
                     "http://outside.test/x".to_string()
@@ -332,6 +357,18 @@ fn random_response(rng: &mut StdRng, urls: &[String], bodies: &mut Vec<String>) 
             html(body)
         }
     }
+}
+
+/// Sixty words of one of three paragraphs, with up to two of them replaced.
+fn paragraph(rng: &mut StdRng) -> String {
+    let base = rng.random_range(0..3u64);
+    let mut words: Vec<String> =
+        (0..60u64).map(|i| format!("w{}", (i * 7919 + base * 104_729) % 997)).collect();
+    for _ in 0..rng.random_range(0..3) {
+        let at = rng.random_range(0..words.len());
+        words[at] = format!("edit{}", rng.random_range(0..5));
+    }
+    words.join(" ")
 }
 
 fn show(lines: &[ExportLine]) -> String {

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::records::{ExportLine, Inlink};
-use super::schema::{child_key, children, col};
+use super::schema::{child_key, children, cluster_head, col, page};
 use crate::IndexError;
 
 /// A counter cell's value (a decimal integer; absent: 0).
@@ -58,13 +58,32 @@ pub async fn inlinks(txn: &Transaction, names: &[String]) -> Result<Vec<Inlink>,
     Ok(out)
 }
 
-/// A page's export line with its inlinks joined in (SPEC §6.6): the stored line holds none;
-/// the canonical page's are the edges into its `fwd:names`.
+/// The cells a line's join reads ([`full_line`]): the page's `fwd:names` and, for the
+/// canonical's line, its cluster's `near:list`.
+pub fn join_keys(line: &ExportLine) -> [(Bytes, Bytes); 2] {
+    let near = if line.canonical == line.url {
+        (cluster_head(&line.content_hash), Bytes::from_static(col::NEAR_LIST))
+    } else {
+        // A cell nobody writes: a line that is not its cluster's canonical lists none.
+        (page(&line.url), Bytes::from_static(col::NEAR_LIST))
+    };
+    [(page(&line.url), Bytes::from_static(col::FWD_NAMES)), near]
+}
+
+/// A page's export line with its inlinks and near-duplicates joined in (SPEC §6.6): the
+/// stored line holds neither; the canonical page's inlinks are the edges into its
+/// `fwd:names`, its near-duplicates its cluster's `near:list`. `joined` holds the cells of
+/// [`join_keys`].
 pub async fn full_line(
     txn: &Transaction,
     mut line: ExportLine,
-    fwd_names: Option<Bytes>,
+    joined: [Option<Bytes>; 2],
 ) -> Result<ExportLine, IndexError> {
+    let [fwd_names, near] = joined;
+    if let Some(raw) = near {
+        line.near_duplicates = serde_json::from_slice(&raw)
+            .map_err(|e| IndexError::corrupt(format!("near:list of {}", line.url), e))?;
+    }
     if let Some(raw) = fwd_names {
         let names: Vec<String> = serde_json::from_slice(&raw)
             .map_err(|e| IndexError::corrupt(format!("fwd:names of {}", line.url), e))?;
@@ -156,6 +175,9 @@ pub struct Registration {
     pub child_column: &'static [u8],
     /// The row told, weakly, when a key gains or loses the page, and its column (if any).
     pub notify: Option<NotifyKey>,
+    /// The registration row's value: a function of the key (a member row holds its body's
+    /// simhash), so that it is written only when the registration moves.
+    pub value: Bytes,
 }
 
 /// A key's row (from the key) and column to notify.
@@ -182,7 +204,7 @@ pub async fn reregister(
         let k = String::from_utf8_lossy(&k).into_owned();
         let child = (r.child)(&k, url);
         if add {
-            txn.set(child, Bytes::from_static(r.child_column), Bytes::new());
+            txn.set(child, Bytes::from_static(r.child_column), r.value.clone());
         } else {
             txn.delete(child, Bytes::from_static(r.child_column));
         }

@@ -91,6 +91,9 @@ pub struct Meta {
     /// The page's `<link rel=canonical>`, resolved: its vote (SPEC §6.4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared_canonical: Option<String>,
+    /// The simhash of the page's text, in hex (SPEC §6.4a; none under 3 tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simhash: Option<String>,
     /// A page's refresh that is not a redirect (a delay above 0), as recorded: "after 5 s
     /// to <url>".
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,8 +131,15 @@ pub struct ExportLine {
     pub title: String,
     pub in_degree: u64,
     pub noindex: bool,
+    /// On the canonical's line: the canonical URLs of its cluster's near-duplicate clusters,
+    /// sorted, at most [`NEAR_LISTED_MAX`]; `[]` on every other line.
+    #[serde(default)]
+    pub near_duplicates: Vec<String>,
     pub inlinks: Vec<Inlink>,
 }
+
+/// The most near-duplicates a line lists (SPEC §6.4a: the 20 smallest).
+pub const NEAR_LISTED_MAX: usize = 20;
 
 /// Crawl settings the observers need, stored once per store.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

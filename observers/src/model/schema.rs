@@ -38,7 +38,18 @@
 //!   a:<page>\0<alias>      indeg:alias  the alias's chain ends here     indegree (the alias's)
 //!   r:<target>\0<source>   alias:from   (source redirects to target)    alias
 //!   c:<hash>               cluster:canonical                            cluster
-//!   c:<hash>\0<url>        cluster:member                               dedup
+//!                          near:registered  the simhash whose band      cluster
+//!                                       rows this cluster has
+//!                          near:list    canonical URLs of the near-     near
+//!                                       duplicate clusters (JSON)
+//!                          near:published  "<ts> <simhash>": a change  cluster
+//!                                       near-duplicates may have seen
+//!                          near:told    the near:published the          near
+//!                                       neighbours were last told of
+//!   c:<hash>\0<url>        cluster:member  the body's simhash (hex)     dedup
+//!   s:<b><block>\0<hash>   near:band    the cluster's simhash: the     cluster
+//!                                       band index, b = 0..3, block =
+//!                                       bits 16b..16b+15 in hex
 //!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
 //! ```
 //!
@@ -78,6 +89,12 @@ pub mod col {
     pub const DELTA: &[u8] = b"indeg:delta";
     pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
     pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
+    pub const NEAR_DIRTY: &[u8] = b"near:dirty";
+    pub const NEAR_REGISTERED: &[u8] = b"near:registered";
+    pub const NEAR_LIST: &[u8] = b"near:list";
+    pub const NEAR_TOLD: &[u8] = b"near:told";
+    pub const NEAR_PUBLISHED: &[u8] = b"near:published";
+    pub const BAND: &[u8] = b"near:band";
     pub const MEMBER: &[u8] = b"cluster:member";
     pub const EDGE: &[u8] = b"edge:anchor";
     pub const ALIAS_FROM: &[u8] = b"alias:from";
@@ -145,6 +162,25 @@ pub fn cluster_head(hash: &str) -> Bytes {
 
 pub fn member(hash: &str, url: &str) -> Bytes {
     Bytes::from(format!("c:{hash}\0{url}"))
+}
+
+/// The four band-index rows of a cluster whose body has `simhash`: one per 16-bit block,
+/// so that clusters within 3 bits share at least one (SPEC §6.4a).
+pub fn bands(simhash: u64, hash: &str) -> [Bytes; 4] {
+    std::array::from_fn(|b| Bytes::from(format!("{}{hash}", band_prefix(simhash, b))))
+}
+
+/// The rows of every cluster that shares block `b` with `simhash`: `s:<b><block>\0`.
+pub fn band_prefix(simhash: u64, b: usize) -> String {
+    format!("s:{b}{:04x}\0", (simhash >> (16 * b)) & 0xffff)
+}
+
+pub fn simhash_hex(simhash: u64) -> String {
+    format!("{simhash:016x}")
+}
+
+pub fn parse_simhash(hex: &[u8]) -> Option<u64> {
+    u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok().filter(|_| hex.len() == 16)
 }
 
 pub const CONFIG_ROW: &[u8] = b"m:config";
