@@ -8,7 +8,8 @@
 //!   block: one band at least); and the near ones' `cluster:canonical`, in one read.
 //! - Writes: `near:list`, the canonical URLs of the clusters within 3 bits, sorted, the 20
 //!   smallest (removed when there are none; readers join it into the canonical's line, see
-//!   [`crate::model::full_line`]); `near:told` = the `near:published` it told.
+//!   [`crate::model::full_line`]); `near:told` = the `near:published` it told (only when
+//!   there was someone to tell: a lone cluster's run writes nothing).
 //! - Notifies: when `near:published` is not what it last told (cluster changed the canonical
 //!   or the band rows since), the `near:dirty` of every cluster within 3 bits (weakly):
 //!   their lists may name this one's canonical, or miss it.
@@ -90,7 +91,9 @@ impl Observer for Near {
                 txn.set(row.clone(), Bytes::from_static(col::NEAR_LIST), value);
             }
         }
-        if tell {
+        // With nobody near, there is nobody to tell, and nothing is written: telling again
+        // later is harmless, and a lone cluster's run (most of them) commits nothing.
+        if tell && !near.is_empty() {
             for h in &near {
                 txn.notify(model::cluster_head(h), Bytes::from_static(col::NEAR_DIRTY));
             }
