@@ -1,7 +1,8 @@
 //! A static site served on 127.0.0.1 from a directory: the demo behind `make run`, and the
 //! fixture sites the tests crawl. Files map to paths (`dir/` serves `index.html`); a file
 //! `_redirects` holds lines `FROM TO STATUS`; `.html` is served as `text/html` (no charset:
-//! pages declare theirs), `.txt` as `text/plain`; a missing file is a 404.
+//! pages declare theirs), `.txt` as `text/plain`, `.xml` and `.gz` as XML and gzip (the
+//! bytes as stored: a `.xml.gz` sitemap stays compressed); a missing file is a 404.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -98,6 +99,8 @@ fn respond(site: &Site, uri: &Uri) -> Response {
                 Some("html") => "text/html",
                 Some("txt") => "text/plain",
                 Some("png") => "image/png",
+                Some("xml") => "application/xml",
+                Some("gz") => "application/gzip",
                 _ => "application/octet-stream",
             };
             Response::builder()

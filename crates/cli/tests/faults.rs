@@ -527,6 +527,38 @@ fn disk_full_stops_the_crawl_with_one_clear_error_and_resumes_when_space_is_back
     assert_eq!(read("export.jsonl").replace(&site.base(), "http://demo.test/"), want);
 }
 
+/// The demo's robots.txt names a sitemap index: a gzip urlset (a page no followed link
+/// reaches, and a URL out of scope), a broken file and a missing one.
+#[test]
+fn sitemaps_seed_the_crawl_and_a_bad_one_is_a_warning_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("store");
+    let out = common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let warned = |what: &str| err.lines().any(|l| l.contains("WARN") && l.contains(what));
+    assert!(
+        warned(&format!("sitemap {}: not well-formed XML", site.url("sitemaps/broken.xml"))),
+        "{err}"
+    );
+    assert!(warned(&format!("sitemap {}: HTTP 404", site.url("sitemaps/missing.xml"))), "{err}");
+    let pages = export(&data, &tmp.path().join("out.jsonl"));
+    // Only a nofollow link leads to it: the sitemap does.
+    assert!(pages.contains(&format!("\"url\":\"{}\"", site.url("blog/hidden.html"))), "{pages}");
+    let page = common::perc(&data, &["page", "http://elsewhere.test/not-in-scope.html"]);
+    assert_eq!(page.status.code(), Some(1), "out of scope: never fetched nor known");
+    // Switched off, the sitemaps are not read.
+    let off = tmp.path().join("off");
+    common::ok(&common::perc(
+        &off,
+        &["--set", "crawl.sitemaps=false", "crawl", "--seeds", s.to_str().unwrap()],
+    ));
+    let pages = export(&off, &tmp.path().join("off.jsonl"));
+    assert!(!pages.contains("blog/hidden.html"), "{pages}");
+}
+
 #[test]
 fn status_and_the_crawl_summary_count_what_they_say() {
     let tmp = tempfile::tempdir().unwrap();
@@ -534,16 +566,17 @@ fn status_and_the_crawl_summary_count_what_they_say() {
     let s = seeds(tmp.path(), &[site.base()]);
     let data = tmp.path().join("store");
     let out = common::ok(&common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]));
-    // 24 URLs: 16 pages, a 404, 6 redirects (2 HTTP, 4 refresh: a chain of one each and a
-    // loop of two), and one robots.txt refuses (never asked for).
-    assert!(out.contains("in the index, 23 URLs answered and 16 pages indexed"), "{out}");
+    // 25 URLs: 17 pages (one only the sitemap leads to), a 404, 6 redirects (2 HTTP, 4
+    // refresh: a chain of one each and a loop of two), and one robots.txt refuses (never
+    // asked for). The sitemap files are no URLs of the index.
+    assert!(out.contains("in the index, 24 URLs answered and 17 pages indexed"), "{out}");
     assert!(out.contains("not pages: 6 redirect, 1 HTTP 404, 1 disallowed by robots.txt"), "{out}");
     let status = common::ok(&common::perc(&data, &["status"]));
     for line in [
-        "pages indexed:                 16",
+        "pages indexed:                 17",
         // Three clusters of two or more; the singletons are not "duplicate clusters".
         "duplicate clusters (2+ pages): 3",
-        "URLs fetched or loaded:        24 (23 answered)",
+        "URLs fetched or loaded:        25 (24 answered)",
         "URLs waiting to be fetched:    0",
     ] {
         assert!(status.contains(line), "{line:?} in:\n{status}");

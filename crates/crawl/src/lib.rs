@@ -8,6 +8,7 @@ pub mod fetch;
 pub mod parse;
 pub mod robots;
 pub mod simhash;
+pub mod sitemap;
 pub mod source;
 pub mod urls;
 pub mod warc;

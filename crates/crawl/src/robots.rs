@@ -88,6 +88,16 @@ impl RobotsCache {
         }
     }
 
+    /// The `Sitemap:` lines of the robots.txt of `url`'s origin (fetched once, as for
+    /// [`Self::check`]).
+    pub async fn sitemaps(&self, url: &Url) -> Vec<String> {
+        let origin = url.origin().ascii_serialization();
+        match self.entries.get_with(origin, self.load(url)).await {
+            Rules::Parsed(robot) => robot.sitemaps.clone(),
+            Rules::AllowAll | Rules::Unreachable(_) => Vec::new(),
+        }
+    }
+
     async fn load(&self, url: &Url) -> Rules {
         let Ok(robots_url) = url.join("/robots.txt") else {
             return Rules::AllowAll;

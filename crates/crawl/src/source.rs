@@ -26,6 +26,18 @@ pub enum Fetched {
 #[async_trait]
 pub trait Source: Send + Sync + 'static {
     async fn get(&self, url: &Url) -> Fetched;
+
+    /// The sitemaps that the robots.txt of `url`'s origin names (its `Sitemap:` lines), as
+    /// written there; none for a source that reads no robots.txt.
+    async fn sitemaps_of(&self, _url: &Url) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// A sitemap file, fetched as a page is but not counted as one (a page budget does not
+    /// pay for it).
+    async fn get_sitemap(&self, url: &Url) -> Fetched {
+        self.get(url).await
+    }
 }
 
 #[async_trait]
@@ -69,6 +81,10 @@ impl<F: Fetcher> Source for Crawler<F> {
             Err(e) => Fetched::Failed(e.to_string()),
         }
     }
+
+    async fn sitemaps_of(&self, url: &Url) -> Vec<String> {
+        self.robots.sitemaps(url).await
+    }
 }
 
 /// Fetches nothing: a URL not already loaded is recorded as not available (`perc replay`).
@@ -109,6 +125,14 @@ impl Source for Budget {
             ));
         }
         self.inner.get(url).await
+    }
+
+    async fn sitemaps_of(&self, url: &Url) -> Vec<String> {
+        self.inner.sitemaps_of(url).await
+    }
+
+    async fn get_sitemap(&self, url: &Url) -> Fetched {
+        self.inner.get_sitemap(url).await
     }
 }
 

@@ -105,6 +105,8 @@ pub struct Crawl {
     pub robots_attempts: u32,
     pub prefixes: Vec<String>,
     pub seeds_max: u64,
+    /// Crawl the URLs of the sitemaps the seeds' robots.txt files name (SPEC §6.1).
+    pub sitemaps: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]

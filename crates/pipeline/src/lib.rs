@@ -41,6 +41,8 @@ pub struct Pipeline {
     pub config: Config,
     /// The live fetcher's politeness layer, which counts requests per host (none offline).
     polite: Option<Arc<open::Polite>>,
+    /// Where pages come from (the fetch observer's source): sitemaps are read through it.
+    source: Arc<dyn perc_crawl::Source>,
     /// This process's counters as far as they have been added to the stored ones.
     saved: std::sync::Mutex<StoredStats>,
     hosts_saved: std::sync::Mutex<StoredHosts>,
@@ -415,9 +417,39 @@ impl Pipeline {
         // What this crawl wants is wanted after this timestamp: its report counts what it
         // tried, whichever process fetched it.
         let since = self.client.oracle().next().await?;
-        perc_observers::seed(&self.client, seeds, scope).await?;
+        let mut wanted = seeds.to_vec();
+        if self.config.crawl.sitemaps {
+            wanted.extend(self.sitemap_seeds(seeds, scope).await?);
+        }
+        perc_observers::seed(&self.client, &wanted, scope).await?;
         let run = self.run_until_quiet("crawl", stop).await?;
         Ok((run, perc_observers::report_since(&self.client, seeds, since.0).await?))
+    }
+
+    /// The in-scope URLs of the sitemaps that the seeds' robots.txt files name, not seeds
+    /// already (SPEC §6.1). Each sitemap that cannot be read is a warning naming it.
+    async fn sitemap_seeds(&self, seeds: &[Url], scope: &CrawlScope) -> Result<Vec<Url>> {
+        let in_scope = perc_crawl::Scope::new(seeds, &scope.prefixes)
+            .map_err(|e| PipelineError::Setup(e.to_string()))?;
+        let mut origins = std::collections::BTreeSet::new();
+        let mut roots = Vec::new();
+        for seed in seeds {
+            if !origins.insert(seed.origin().ascii_serialization()) {
+                continue;
+            }
+            for line in self.source.sitemaps_of(seed).await {
+                match seed.join(line.trim()).map(String::from).map(|u| perc_crawl::normalize(&u)) {
+                    Ok(Ok(u)) => roots.push(u),
+                    _ => tracing::warn!("robots.txt of {seed}: Sitemap: {line:?} is not a URL"),
+                }
+            }
+        }
+        let (urls, warnings) = perc_crawl::sitemap::collect(self.source.as_ref(), &roots).await;
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
+        let known: std::collections::HashSet<&Url> = seeds.iter().collect();
+        Ok(urls.into_iter().filter(|u| in_scope.contains(u) && !known.contains(u)).collect())
     }
 
     /// Loads every response record of `files` (a directory: its WARCs, in name order) and

@@ -151,7 +151,8 @@ impl Builder {
             None => source(&config, self.fetching)?,
         };
         let registry = Arc::new(
-            perc_observers::registry(source).map_err(|e| PipelineError::Setup(e.to_string()))?,
+            perc_observers::registry(source.clone())
+                .map_err(|e| PipelineError::Setup(e.to_string()))?,
         );
         let txn = TxnConfig {
             lock_ttl_ms: config.txn.lock_ttl_ms,
@@ -189,6 +190,7 @@ impl Builder {
             engine,
             config,
             polite,
+            source,
             saved: Default::default(),
             hosts_saved: Default::default(),
         })
