@@ -75,7 +75,7 @@ impl Observer for Parse {
             meta.reason =
                 format!("not HTML ({})", head.content_type.as_deref().unwrap_or("no Content-Type"));
         } else {
-            let parsed = perc_crawl::parse(&url, &body, head.charset.as_deref());
+            let parsed = perc_crawl::parse_for_index(&url, &body, head.charset.as_deref());
             let refresh = parsed.refresh.as_ref();
             if let Some(target) = refresh.and_then(perc_crawl::Refresh::redirect) {
                 // A delay-0 refresh is a redirect, exactly as an HTTP one (SPEC §6.2).

@@ -83,6 +83,18 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
     ));
     assert!(out.contains("pages indexed"), "{out}");
     warcio_check(&warc);
+    // The heads as the server sent them (its Date field), the length it sent kept aside
+    // (the payload is stored decoded), and the sitemaps read at the start recorded too.
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::MultiGzDecoder::new(std::fs::File::open(&warc).unwrap()),
+        &mut raw,
+    )
+    .unwrap();
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(raw.contains("\r\ndate: ") && raw.contains("\r\nX-Crawler-content-length: "), "heads");
+    let uris: Vec<&str> = raw.lines().filter(|l| l.starts_with("WARC-Target-URI")).collect();
+    assert!(raw.contains("sitemaps/pages.xml.gz"), "sitemaps: {uris:?}");
     let crawled = export(&crawl_data, &tmp.path().join("crawl.jsonl"));
     golden("demo.jsonl", &crawled.replace(&site.base(), "http://demo.test/"));
 

@@ -28,6 +28,17 @@ pub struct Response {
     /// `Retry-After` in seconds (for 429/503).
     pub retry_after_s: Option<u64>,
     pub body: Bytes,
+    /// The HTTP head as received (a live fetch's; none for a response perc made up or
+    /// replayed), for `--warc-out`.
+    pub received: Option<Box<Received>>,
+}
+
+/// An HTTP response head as received: the status line's version and every header field in
+/// order (names as the HTTP library gives them, lower-cased; values as bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    pub version: String,
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 impl Response {
@@ -149,6 +160,13 @@ impl Fetcher for HttpFetcher {
         let retry_after_s = header(reqwest::header::RETRY_AFTER)
             .and_then(|r| retry_after_seconds(&r, std::time::SystemTime::now()));
         let status = resp.status().as_u16();
+        let received = Received {
+            version: format!("{:?}", resp.version()),
+            headers: headers
+                .iter()
+                .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
+                .collect(),
+        };
         let mut body = BytesMut::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| classify(url, e, &self.limits))? {
             if (body.len() + chunk.len()) as u64 > self.limits.body_bytes_max {
@@ -156,7 +174,15 @@ impl Fetcher for HttpFetcher {
             }
             body.extend_from_slice(&chunk);
         }
-        Ok(Response { status, content_type, charset, location, retry_after_s, body: body.freeze() })
+        Ok(Response {
+            status,
+            content_type,
+            charset,
+            location,
+            retry_after_s,
+            body: body.freeze(),
+            received: Some(Box::new(received)),
+        })
     }
 }
 

@@ -14,9 +14,10 @@ pub mod urls;
 pub mod warc;
 
 pub use fetch::{
-    FetchError, FetchLimits, Fetcher, HostCount, HttpFetcher, Polite, PolitenessConfig, Response,
+    FetchError, FetchLimits, Fetcher, HostCount, HttpFetcher, Polite, PolitenessConfig, Received,
+    Response,
 };
-pub use parse::{content_hash, decode, parse, Link, ParsedPage, Refresh};
+pub use parse::{content_hash, decode, parse, parse_for_index, Link, ParsedPage, Refresh};
 pub use robots::{RobotsCache, Verdict};
 pub use source::{Budget, Crawler, Fetched, Offline, Recording, Source};
 pub use urls::{normalize, resolve, Scope};

@@ -63,7 +63,8 @@ pub struct ParsedPage {
     pub refresh: Option<Refresh>,
     /// Links left out for their length ([`crate::urls::link_fits`]).
     pub long_links: usize,
-    /// The simhash of the body's text ([`crate::simhash`]); `None` under 3 tokens.
+    /// The simhash of the body's text ([`crate::simhash`]); `None` under 3 tokens, or
+    /// when not asked for ([`parse`] leaves it out, [`parse_for_index`] computes it).
     pub simhash: Option<u64>,
     /// The encoding the text was decoded with.
     pub encoding: &'static str,
@@ -145,8 +146,20 @@ fn tokens(value: &str) -> impl Iterator<Item = String> + '_ {
         .map(str::to_ascii_lowercase)
 }
 
-/// Parses a page fetched from `url`.
+/// Parses a page fetched from `url`: what it says, without its text's simhash.
 pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
+    parse_document(url, body, http_charset).0
+}
+
+/// [`parse`], and the simhash of the page's text (near-duplicates, SPEC §6.4a): what the
+/// index needs.
+pub fn parse_for_index(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
+    let (mut page, doc) = parse_document(url, body, http_charset);
+    page.simhash = crate::simhash::simhash(&crate::simhash::body_text(&doc));
+    page
+}
+
+fn parse_document(url: &Url, body: &[u8], http_charset: Option<&str>) -> (ParsedPage, Html) {
     let (text, encoding) = decode(body, http_charset);
     let doc = Html::parse_document(&text);
     let mut page = ParsedPage { encoding: encoding.name(), ..ParsedPage::default() };
@@ -193,8 +206,6 @@ pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
         .find(|m| m.value().attr("http-equiv").is_some_and(|h| h.eq_ignore_ascii_case("refresh")))
         .and_then(|m| parse_refresh(&base, m.value().attr("content").unwrap_or_default()));
 
-    page.simhash = crate::simhash::simhash(&crate::simhash::body_text(&doc));
-
     let mut index: HashMap<Url, usize> = HashMap::new();
     for a in doc.select(&selector("a[href]")) {
         let Some(target) = resolve(&base, a.value().attr("href").unwrap_or_default()) else {
@@ -224,7 +235,7 @@ pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
             }
         }
     }
-    page
+    (page, doc)
 }
 
 fn anchor_text(a: &ElementRef<'_>) -> String {

@@ -181,6 +181,7 @@ mod tests {
                 charset: None,
                 location,
                 retry_after_s: None,
+                received: None,
                 body: Bytes::from_static(self.1.as_bytes()),
             })
         }

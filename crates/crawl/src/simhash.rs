@@ -37,6 +37,10 @@ pub fn body_text(doc: &Html) -> String {
 }
 
 fn is_word_char(c: char) -> bool {
+    if c.is_ascii() {
+        // The ASCII letters and digits are the ASCII characters of L* and N*.
+        return c.is_ascii_alphanumeric();
+    }
     matches!(
         get_general_category(c),
         G::UppercaseLetter
@@ -50,38 +54,42 @@ fn is_word_char(c: char) -> bool {
     )
 }
 
+/// The tokens of a lowercased text: its runs of letters and numbers.
+fn token_slices(lower: &str) -> Vec<&str> {
+    lower.split(|c: char| !is_word_char(c)).filter(|t| !t.is_empty()).collect()
+}
+
 /// The tokens of a text: its lowercased runs of letters and numbers.
 pub fn tokens(text: &str) -> Vec<String> {
-    text.to_lowercase()
-        .split(|c: char| !is_word_char(c))
-        .filter(|t| !t.is_empty())
-        .map(str::to_string)
-        .collect()
+    token_slices(&text.to_lowercase()).into_iter().map(str::to_string).collect()
 }
 
 /// The simhash of a text; `None` for a text of fewer than 3 tokens.
 pub fn simhash(text: &str) -> Option<u64> {
-    let tokens = tokens(text);
+    let lower = text.to_lowercase();
+    let tokens = token_slices(&lower);
     if tokens.len() < 3 {
         return None;
     }
-    // Per bit: occurrences with it set minus occurrences with it clear.
-    let mut votes = [0i64; 64];
-    let mut shingle = String::new();
+    // Per bit: the shingle occurrences that have it set.
+    let mut ones = [0u32; 64];
+    let mut shingle: Vec<u8> = Vec::with_capacity(64);
     for w in tokens.windows(3) {
         shingle.clear();
-        shingle.push_str(&w[0]);
-        shingle.push(' ');
-        shingle.push_str(&w[1]);
-        shingle.push(' ');
-        shingle.push_str(&w[2]);
-        let digest = blake3::hash(shingle.as_bytes());
+        shingle.extend_from_slice(w[0].as_bytes());
+        shingle.push(b' ');
+        shingle.extend_from_slice(w[1].as_bytes());
+        shingle.push(b' ');
+        shingle.extend_from_slice(w[2].as_bytes());
+        let digest = blake3::hash(&shingle);
         let h = u64::from_le_bytes(digest.as_bytes()[..8].try_into().expect("8 bytes"));
-        for (i, v) in votes.iter_mut().enumerate() {
-            *v += if h >> i & 1 == 1 { 1 } else { -1 };
+        for (i, n) in ones.iter_mut().enumerate() {
+            *n += ((h >> i) & 1) as u32;
         }
     }
-    Some(votes.iter().enumerate().filter(|(_, v)| **v > 0).fold(0, |s, (i, _)| s | 1 << i))
+    // Set iff more occurrences have it set than clear.
+    let shingles = (tokens.len() - 2) as u32;
+    Some((0..64).filter(|&i| 2 * ones[i] > shingles).fold(0, |s, i| s | 1 << i))
 }
 
 /// Bits in which two simhashes differ.

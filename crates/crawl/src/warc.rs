@@ -302,6 +302,7 @@ pub fn parse_http(url: &Url, raw: &[u8], body_bytes_max: u64) -> Result<Response
         retry_after_s: get("retry-after")
             .and_then(|r| crate::fetch::retry_after_seconds(&r, std::time::SystemTime::now())),
         body: Bytes::from(body),
+        received: None,
     })
 }
 
@@ -405,8 +406,11 @@ impl Recorder {
         &self.path
     }
 
-    /// Records one exchange. The response is written as perc received it after transfer
-    /// decoding (no Content-Encoding), so replaying it gives the same bytes.
+    /// Records one exchange: the status line and header fields as received, the payload as
+    /// perc received it after transfer decoding, so replaying it gives the same bytes. The
+    /// fields that described the encoding (`Content-Length`, `Content-Encoding`,
+    /// `Transfer-Encoding`) are kept prefixed `X-Crawler-` (Common Crawl's convention) and a
+    /// `Content-Length` of the stored payload ends the head.
     pub fn record(&mut self, url: &Url, user_agent: &str, response: &Response) -> io::Result<()> {
         let request = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {user_agent}\r\n\r\n",
@@ -423,21 +427,51 @@ impl Recorder {
             request.into_bytes(),
             None,
         )?;
-        let mut http = format!("HTTP/1.1 {} {}\r\n", response.status, reason(response.status));
-        if let Some(ct) = &response.content_type {
-            match &response.charset {
-                Some(cs) => http.push_str(&format!("Content-Type: {ct}; charset={cs}\r\n")),
-                None => http.push_str(&format!("Content-Type: {ct}\r\n")),
+        let mut http = Vec::new();
+        match &response.received {
+            Some(head) => {
+                let line =
+                    format!("{} {} {}\r\n", head.version, response.status, reason(response.status));
+                http.extend_from_slice(line.as_bytes());
+                for (name, value) in &head.headers {
+                    // The payload is stored decoded (de-chunked, decompressed): the fields
+                    // that described its encoding are kept under another name, as Common
+                    // Crawl does, and a Content-Length of the stored payload follows.
+                    if matches!(
+                        name.to_ascii_lowercase().as_str(),
+                        "content-length" | "content-encoding" | "transfer-encoding"
+                    ) {
+                        http.extend_from_slice(b"X-Crawler-");
+                    }
+                    http.extend_from_slice(name.as_bytes());
+                    http.extend_from_slice(b": ");
+                    http.extend_from_slice(value);
+                    http.extend_from_slice(b"\r\n");
+                }
+            }
+            None => {
+                // A response perc did not receive over HTTP: the head it implies.
+                let mut head =
+                    format!("HTTP/1.1 {} {}\r\n", response.status, reason(response.status));
+                if let Some(ct) = &response.content_type {
+                    match &response.charset {
+                        Some(cs) => head.push_str(&format!("Content-Type: {ct}; charset={cs}\r\n")),
+                        None => head.push_str(&format!("Content-Type: {ct}\r\n")),
+                    }
+                }
+                if let Some(l) = &response.location {
+                    head.push_str(&format!("Location: {l}\r\n"));
+                }
+                if let Some(r) = response.retry_after_s {
+                    head.push_str(&format!("Retry-After: {r}\r\n"));
+                }
+                http.extend_from_slice(head.as_bytes());
             }
         }
-        if let Some(l) = &response.location {
-            http.push_str(&format!("Location: {l}\r\n"));
-        }
-        if let Some(r) = response.retry_after_s {
-            http.push_str(&format!("Retry-After: {r}\r\n"));
-        }
-        http.push_str(&format!("Content-Length: {}\r\n\r\n", response.body.len()));
-        let mut block = http.into_bytes();
+        http.extend_from_slice(
+            format!("Content-Length: {}\r\n\r\n", response.body.len()).as_bytes(),
+        );
+        let mut block = http;
         block.extend_from_slice(&response.body);
         self.member(
             url,
@@ -510,6 +544,7 @@ mod tests {
             charset: Some("utf-8".into()),
             location: None,
             retry_after_s: None,
+            received: None,
             body: Bytes::copy_from_slice(body.as_bytes()),
         }
     }
@@ -534,6 +569,42 @@ mod tests {
         assert!(issues.is_empty(), "{issues:?}");
         let bodies: Vec<&[u8]> = got.iter().map(|r| r.response.body.as_ref()).collect();
         assert_eq!(bodies, [b"first".as_ref(), b"second"]);
+    }
+
+    #[test]
+    fn the_http_head_is_recorded_as_received_with_the_encoding_fields_renamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crawl.warc.gz");
+        let mut r = resp(200, "<title>decoded</title>");
+        let field = |n: &str, v: &str| (n.to_string(), v.as_bytes().to_vec());
+        r.received = Some(Box::new(crate::fetch::Received {
+            version: "HTTP/1.1".into(),
+            headers: vec![
+                field("server", "test/1"),
+                field("content-type", "text/html; charset=utf-8"),
+                field("transfer-encoding", "chunked"),
+                field("content-encoding", "gzip"),
+                field("x-odd", "caf\u{e9}"),
+            ],
+        }));
+        let mut rec = Recorder::create(&path, false).unwrap();
+        rec.record(&Url::parse("http://h.test/a").unwrap(), "perc", &r).unwrap();
+        rec.finish().unwrap();
+        let mut raw = Vec::new();
+        flate2::read::MultiGzDecoder::new(std::fs::File::open(&path).unwrap())
+            .read_to_end(&mut raw)
+            .unwrap();
+        let text = String::from_utf8_lossy(&raw);
+        let head =
+            "HTTP/1.1 200 OK\r\nserver: test/1\r\ncontent-type: text/html; charset=utf-8\r\n\
+                    X-Crawler-transfer-encoding: chunked\r\nX-Crawler-content-encoding: gzip\r\n\
+                    x-odd: caf\u{e9}\r\nContent-Length: 22\r\n\r\n<title>decoded</title>";
+        assert!(text.contains(head), "{text}");
+        // It replays to the same response.
+        let (got, issues) = read(&path, 1 << 20).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        assert_eq!(got[0].response.body, r.body);
+        assert_eq!(got[0].response.charset.as_deref(), Some("utf-8"));
     }
 
     /// The largest resident set this process has had, in bytes (Linux).

@@ -47,6 +47,7 @@ fn html(body: String) -> Response {
         charset: None,
         location: None,
         retry_after_s: None,
+        received: None,
         body: Bytes::from(body),
     }
 }
@@ -58,6 +59,7 @@ fn status(code: u16) -> Response {
         charset: None,
         location: None,
         retry_after_s: None,
+        received: None,
         body: Bytes::new(),
     }
 }
@@ -83,7 +85,7 @@ fn ref_html(url: &str, r: &Response) -> Option<perc_crawl::ParsedPage> {
     if !(200..300).contains(&r.status) || r.content_type.as_deref() != Some("text/html") {
         return None;
     }
-    Some(perc_crawl::parse(&Url::parse(url).unwrap(), &r.body, r.charset.as_deref()))
+    Some(perc_crawl::parse_for_index(&Url::parse(url).unwrap(), &r.body, r.charset.as_deref()))
 }
 
 /// The refresh target of a delay-0 refresh (SPEC §6.2).

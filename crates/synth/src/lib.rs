@@ -187,6 +187,7 @@ impl Web {
                     charset: None,
                     location: Some(self.url(target)),
                     retry_after_s: None,
+                    received: None,
                     body: Bytes::new(),
                 }
             }
@@ -289,6 +290,7 @@ fn html(body: String) -> Response {
         charset: Some("utf-8".into()),
         location: None,
         retry_after_s: None,
+        received: None,
         body: Bytes::from(body),
     }
 }
