@@ -68,7 +68,8 @@ enum Command {
         /// refused unless --append.
         #[arg(long)]
         warc_out: Option<PathBuf>,
-        /// Adds the records to the --warc-out file if it exists.
+        /// Adds the records to the --warc-out file if it exists (a page whose body is the
+        /// same as at its last capture there is a revisit record: the head only).
         #[arg(long, requires = "warc_out")]
         append: bool,
     },

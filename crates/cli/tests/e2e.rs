@@ -47,29 +47,6 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// An independent validator (warcio, from Python's index; `make test` installs it) reads
-/// every record of `warc` and checks its digests: a warcinfo first, then each request and
-/// response with a block digest that passes.
-fn warcio_check(warc: &Path) {
-    let cli = "import sys; from warcio.cli import main; main(sys.argv[1:])";
-    let out = std::process::Command::new("python3")
-        .args(["-c", cli, "check", "-v"])
-        .arg(warc)
-        .output()
-        .expect("python3 runs");
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "warcio check failed (without warcio: python3 -m pip install warcio): {}\n{report}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let records = report.matches("WARC-Record-ID").count();
-    assert!(records > 20, "{report}");
-    assert_eq!(report.matches("digest pass").count(), records, "{report}");
-    let first = report.lines().nth(1).unwrap_or_default();
-    assert!(first.ends_with("warcinfo"), "{report}");
-}
-
 #[test]
 fn crawl_matches_golden_and_replay_matches_crawl() {
     let tmp = tempfile::tempdir().unwrap();
@@ -82,7 +59,7 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
         &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", warc.to_str().unwrap()],
     ));
     assert!(out.contains("pages indexed"), "{out}");
-    warcio_check(&warc);
+    common::warcio_check(&warc);
     // The heads as the server sent them (its Date field), the length it sent kept aside
     // (the payload is stored decoded), and the sitemaps read at the start recorded too.
     let mut raw = Vec::new();

@@ -296,6 +296,19 @@ fn warc_out_refuses_an_existing_file_unless_append() {
     ));
     let both = std::fs::read(&warc).unwrap();
     assert!(both.len() > first.len() && both.starts_with(&first), "records were appended");
+    // The site did not change: each refetched payload is a revisit of the first run's
+    // capture (the head only), and the file replays to the crawl's export, every record of
+    // the second run read as the response it stands for.
+    let (responses, revisits) = common::warcio_check(&warc);
+    assert!(revisits >= 17, "every page at least: {revisits}");
+    let replayed = common::ok(&common::perc(&tmp.path().join("d"), &["replay", w]));
+    assert!(
+        replayed.starts_with(&format!("replayed {} responses ", responses + revisits)),
+        "{replayed}"
+    );
+    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    let got = export(&tmp.path().join("d"), &tmp.path().join("d.jsonl"));
+    assert_eq!(got.replace(&site.base(), "http://demo.test/"), want);
 }
 
 #[test]

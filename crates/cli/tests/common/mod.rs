@@ -87,3 +87,31 @@ pub fn golden(name: &str, actual: &str) {
         path.display()
     );
 }
+
+/// An independent validator (warcio, from Python's index; `make test` installs it) reads
+/// every record of `warc` and checks its digests: a warcinfo first, then each request and
+/// response with a block digest that passes, and revisits (whose digests name the record
+/// they refer to, so warcio leaves them). The numbers of response and revisit records.
+pub fn warcio_check(warc: &Path) -> (usize, usize) {
+    let cli = "import sys; from warcio.cli import main; main(sys.argv[1:])";
+    let out = Command::new("python3")
+        .args(["-c", cli, "check", "-v"])
+        .arg(warc)
+        .output()
+        .expect("python3 runs");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "warcio check failed (without warcio: python3 -m pip install warcio): {}\n{report}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = report.matches("WARC-Record-ID").count();
+    assert!(records > 20, "{report}");
+    let revisits = report.matches("digest present but not checked (revisit)").count();
+    assert_eq!(report.matches("digest pass").count() + revisits, records, "{report}");
+    let first = report.lines().nth(1).unwrap_or_default();
+    assert!(first.ends_with("warcinfo"), "{report}");
+    let responses = report.lines().filter(|l| l.ends_with(" response")).count();
+    assert_eq!(report.lines().filter(|l| l.ends_with(" revisit")).count(), revisits, "{report}");
+    (responses, revisits)
+}
