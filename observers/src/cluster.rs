@@ -14,11 +14,12 @@
 //!   lexicographically smaller (SPEC §6.4).
 //! - Then, in the same transaction, [`forward`] (the canonical's `fwd:names`), from the names
 //!   read here; its contract is in its module.
-//! - Publishes the cluster in the band index of near-duplicates ([`publish`]: `s:` rows and
-//!   `near:registered`, from the simhash its member rows hold).
-//! - Notifies: export of every member whose canonical changed (weakly); the head's
-//!   `near:dirty` when its canonical or its band rows changed ([`crate::near`] tells the
-//!   near-duplicates).
+//! - Keeps the cluster's entry in the band index of near-duplicates ([`publish`]: its
+//!   simhash, from its member rows, and its canonical, in the `near:block` cells of its four
+//!   blocks, and `near:registered`); when the entry changes, writes its `near:list` and tells
+//!   the clusters near it (see [`crate::near`] for why none is missed).
+//! - Notifies: export of every member whose canonical changed (weakly); `near:dirty` of
+//!   every cluster within 3 bits of its entry, old or new, when the entry changed.
 //! - Twice is harmless: the choice is a function of the current rows; only differences are
 //!   written.
 
@@ -30,8 +31,8 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col};
-use crate::{forward, IndexError};
+use crate::model::{self, col, BlockEntry};
+use crate::{forward, near, IndexError};
 
 pub struct Cluster;
 
@@ -65,8 +66,9 @@ impl Observer for Cluster {
         let members: Vec<String> =
             rows.iter().filter_map(|(r, _)| model::child_key(r).map(str::to_string)).collect();
         if members.is_empty() {
-            let gone = model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
-            publish(txn, row, &hash, None, gone).await?;
+            model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
+            let registered = txn.get(row, col::NEAR_REGISTERED).await?;
+            publish(txn, row, &hash, None, registered.as_ref()).await?;
             return Ok(());
         }
         let keys: Vec<(Bytes, Bytes)> = members
@@ -80,8 +82,10 @@ impl Observer for Cluster {
                     (model::page(m), Bytes::from_static(col::DECLARED)),
                 ]
             })
+            .chain([(row.clone(), Bytes::from_static(col::NEAR_REGISTERED))])
             .collect();
         let got = txn.get_many(&keys).await?;
+        let registered = got.last().expect("the head's cell").as_ref();
         let cell = |i: usize, k: usize| got[CELLS * i + k].as_ref();
         let indeg = |i: usize| -> u64 {
             cell(i, 0).and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
@@ -93,10 +97,14 @@ impl Observer for Cluster {
             .min_by_key(|&i| (Reverse((votes[i], indeg(i))), members[i].len(), members[i].clone()))
             .expect("members is not empty");
         let canonical = members[best].clone();
-        let moved =
-            model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone()))
-                .await?;
-        publish(txn, row, &hash, simhash, moved).await?;
+        model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone()))
+            .await?;
+        let entry = simhash.map(|simhash| BlockEntry {
+            hash: hash.clone(),
+            simhash,
+            canonical: canonical.clone(),
+        });
+        publish(txn, row, &hash, entry, registered).await?;
         for (i, m) in members.iter().enumerate() {
             if cell(i, 1).map(|c| &c[..]) != Some(canonical.as_bytes()) {
                 let member_row = model::page(m);
@@ -112,43 +120,71 @@ impl Observer for Cluster {
     }
 }
 
-/// Keeps the cluster's rows in the band index (SPEC §6.4a) those of `simhash` (none for an
-/// empty cluster or a body of under 3 tokens): the rows of a simhash it no longer has are
-/// deleted, those of the new one written, and `near:registered` says which it has. The rows
-/// are written unchecked: only this head's runs write them, and those conflict on
-/// `near:registered`. When they or the canonical (`moved`) changed, and the cluster has or
-/// had a simhash, `near:published` gets a new value (this run's start and the simhash) and
-/// [`crate::near`] is told: near-duplicates may have seen what changed.
+/// Keeps the cluster's entry in the band index (SPEC §6.4a) what it is now: `entry` (none
+/// for an empty cluster or a body of under 3 tokens), against `registered`, the head's
+/// `near:registered`. When it changed: the entry leaves the `near:block` cells of the old
+/// simhash's blocks and is written into those of the new one's (checked cells: overlapping
+/// runs of near-duplicate clusters conflict on the cell they share), the head's
+/// `near:list` is computed from the cells read, and every cluster within 3 bits of the old
+/// or the new entry is told (`near:dirty`): their lists name this cluster's canonical, or
+/// should. All in one read of the cells and the list.
 async fn publish(
     txn: &mut Transaction,
     head: &Bytes,
     hash: &str,
-    simhash: Option<u64>,
-    moved: bool,
+    entry: Option<BlockEntry>,
+    registered: Option<&Bytes>,
 ) -> Result<(), ObserverError> {
-    let registered =
-        txn.get(head, col::NEAR_REGISTERED).await?.and_then(|v| model::parse_simhash(&v));
-    if registered != simhash {
-        for band in registered.map(|s| model::bands(s, hash)).into_iter().flatten() {
-            txn.delete_unchecked(band, Bytes::from_static(col::BAND));
-        }
-        match simhash {
-            Some(s) => {
-                for band in model::bands(s, hash) {
-                    txn.set_unchecked(band, Bytes::from_static(col::BAND), model::simhash_hex(s));
-                }
-                let value = model::simhash_hex(s);
-                txn.set(head.clone(), Bytes::from_static(col::NEAR_REGISTERED), value);
-            }
-            None => txn.delete(head.clone(), Bytes::from_static(col::NEAR_REGISTERED)),
-        }
-    } else if !moved {
+    let was = registered.and_then(|r| BlockEntry::from_registered(hash, r));
+    if entry == was {
         return Ok(());
     }
-    if let Some(s) = simhash.or(registered) {
-        let published = format!("{:016x} {}", txn.start_ts().0, model::simhash_hex(s));
-        txn.set(head.clone(), Bytes::from_static(col::NEAR_PUBLISHED), published);
-        txn.notify(head.clone(), Bytes::from_static(col::NEAR_DIRTY));
+    let mut rows: Vec<Bytes> = Vec::new();
+    for e in was.iter().chain(entry.iter()) {
+        for b in model::blocks(e.simhash) {
+            if !rows.contains(&b) {
+                rows.push(b);
+            }
+        }
+    }
+    let keys: Vec<(Bytes, Bytes)> = rows
+        .iter()
+        .map(|r| (r.clone(), Bytes::from_static(col::BLOCK)))
+        .chain([(head.clone(), Bytes::from_static(col::NEAR_LIST))])
+        .collect();
+    let mut cells = txn.get_many(&keys).await?;
+    let list = cells.pop().expect("the list's cell");
+    let new_blocks = entry.as_ref().map(|e| model::blocks(e.simhash));
+    // The clusters near the old entry and near the new one.
+    let (mut near_was, mut near_now) = (Vec::new(), Vec::new());
+    for (row, cell) in rows.iter().zip(&cells) {
+        let mut entries = cell.as_deref().map(model::block_entries).unwrap_or_default();
+        entries.retain(|e| e.hash != hash);
+        if let Some(was) = &was {
+            near::add_near(&mut near_was, was, &entries);
+        }
+        if let Some(entry) = &entry {
+            near::add_near(&mut near_now, entry, &entries);
+            if new_blocks.as_ref().is_some_and(|b| b.contains(row)) {
+                let at = entries.partition_point(|e| e.hash.as_str() < hash);
+                entries.insert(at, entry.clone());
+            }
+        }
+        match model::block_value(&entries) {
+            Some(value) => txn.set(row.clone(), Bytes::from_static(col::BLOCK), value),
+            None => txn.delete(row.clone(), Bytes::from_static(col::BLOCK)),
+        }
+    }
+    near::write_list(txn, head, list.as_ref(), &near_now)?;
+    let mut told: Vec<&str> = near_was.iter().chain(&near_now).map(|e| e.hash.as_str()).collect();
+    told.sort_unstable();
+    told.dedup();
+    for h in told {
+        txn.notify(model::cluster_head(h), Bytes::from_static(col::NEAR_DIRTY));
+    }
+    match &entry {
+        Some(e) => txn.set(head.clone(), Bytes::from_static(col::NEAR_REGISTERED), e.registered()),
+        None => txn.delete(head.clone(), Bytes::from_static(col::NEAR_REGISTERED)),
     }
     Ok(())
 }

@@ -10,9 +10,9 @@
 //!                                                        ├─► (+ alias) ───────────┘   │
 //!                                                        └─► page:follow ─► discover  ▼
 //!                    export ◄─ cluster (+ forward) ◄────────────── cluster:dirty ◄─ indegree
-//!                                 │ near:dirty (canonical or band rows changed)
-//!                                 ▼
-//!                               near ─► near:dirty of the near-duplicate clusters
+//!                                 │ near:dirty of the clusters near one whose entry in the
+//!                                 ▼ band index changed (it wrote its own near:list)
+//!                               near (a near-duplicate's list)
 //!                        (every stage that changes what a page shows notifies export)
 //! ```
 //!

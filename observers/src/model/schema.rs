@@ -38,18 +38,16 @@
 //!   a:<page>\0<alias>      indeg:alias  the alias's chain ends here     indegree (the alias's)
 //!   r:<target>\0<source>   alias:from   (source redirects to target)    alias
 //!   c:<hash>               cluster:canonical                            cluster
-//!                          near:registered  the simhash whose band      cluster
-//!                                       rows this cluster has
-//!                          near:list    canonical URLs of the near-     near
+//!                          near:registered  "<simhash> <canonical>":  cluster
+//!                                       its entry in the block cells
+//!                          near:list    canonical URLs of the near-     cluster, near
 //!                                       duplicate clusters (JSON)
-//!                          near:published  "<ts> <simhash>": a change  cluster
-//!                                       near-duplicates may have seen
-//!                          near:told    the near:published the          near
-//!                                       neighbours were last told of
 //!   c:<hash>\0<url>        cluster:member  the body's simhash (hex)     dedup
-//!   s:<b><block>\0<hash>   near:band    the cluster's simhash: the     cluster
-//!                                       band index, b = 0..3, block =
-//!                                       bits 16b..16b+15 in hex
+//!   s:<b><block>           near:block   the band index: a line          cluster
+//!                                       "<hash> <simhash> <canonical>"
+//!                                       for each cluster whose simhash
+//!                                       has this block, b = 0..3,
+//!                                       block = bits 16b..16b+15 (hex)
 //!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
 //! ```
 //!
@@ -92,9 +90,7 @@ pub mod col {
     pub const NEAR_DIRTY: &[u8] = b"near:dirty";
     pub const NEAR_REGISTERED: &[u8] = b"near:registered";
     pub const NEAR_LIST: &[u8] = b"near:list";
-    pub const NEAR_TOLD: &[u8] = b"near:told";
-    pub const NEAR_PUBLISHED: &[u8] = b"near:published";
-    pub const BAND: &[u8] = b"near:band";
+    pub const BLOCK: &[u8] = b"near:block";
     pub const MEMBER: &[u8] = b"cluster:member";
     pub const EDGE: &[u8] = b"edge:anchor";
     pub const ALIAS_FROM: &[u8] = b"alias:from";
@@ -164,15 +160,62 @@ pub fn member(hash: &str, url: &str) -> Bytes {
     Bytes::from(format!("c:{hash}\0{url}"))
 }
 
-/// The four band-index rows of a cluster whose body has `simhash`: one per 16-bit block,
-/// so that clusters within 3 bits share at least one (SPEC §6.4a).
-pub fn bands(simhash: u64, hash: &str) -> [Bytes; 4] {
-    std::array::from_fn(|b| Bytes::from(format!("{}{hash}", band_prefix(simhash, b))))
+/// The four band-index rows of a simhash: one per 16-bit block, so that clusters within 3
+/// bits share at least one (SPEC §6.4a).
+pub fn blocks(simhash: u64) -> [Bytes; 4] {
+    std::array::from_fn(|b| Bytes::from(format!("s:{b}{:04x}", (simhash >> (16 * b)) & 0xffff)))
 }
 
-/// The rows of every cluster that shares block `b` with `simhash`: `s:<b><block>\0`.
-pub fn band_prefix(simhash: u64, b: usize) -> String {
-    format!("s:{b}{:04x}\0", (simhash >> (16 * b)) & 0xffff)
+/// One cluster in a `near:block` cell: its hash, simhash and canonical URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockEntry {
+    pub hash: String,
+    pub simhash: u64,
+    pub canonical: String,
+}
+
+impl BlockEntry {
+    /// `"<simhash> <canonical>"`: the entry as the head's `near:registered` keeps it.
+    pub fn registered(&self) -> String {
+        format!("{} {}", simhash_hex(self.simhash), self.canonical)
+    }
+
+    /// The entry of cluster `hash` that `near:registered` describes.
+    pub fn from_registered(hash: &str, raw: &[u8]) -> Option<BlockEntry> {
+        let text = std::str::from_utf8(raw).ok()?;
+        let (simhash, canonical) = text.split_once(' ')?;
+        Some(BlockEntry {
+            hash: hash.to_string(),
+            simhash: parse_simhash(simhash.as_bytes())?,
+            canonical: canonical.to_string(),
+        })
+    }
+}
+
+/// The entries of a `near:block` cell (lines `"<hash> <simhash> <canonical>"`, by hash).
+pub fn block_entries(raw: &[u8]) -> Vec<BlockEntry> {
+    let text = String::from_utf8_lossy(raw);
+    text.lines()
+        .filter_map(|line| {
+            let (hash, rest) = line.split_once(' ')?;
+            BlockEntry::from_registered(hash, rest.as_bytes())
+        })
+        .collect()
+}
+
+/// A `near:block` cell's value for `entries` (sorted by hash), `None` when there are none.
+pub fn block_value(entries: &[BlockEntry]) -> Option<Bytes> {
+    if entries.is_empty() {
+        return None;
+    }
+    let mut out = String::new();
+    for e in entries {
+        out.push_str(&e.hash);
+        out.push(' ');
+        out.push_str(&e.registered());
+        out.push('\n');
+    }
+    Some(Bytes::from(out))
 }
 
 pub fn simhash_hex(simhash: u64) -> String {
