@@ -123,11 +123,15 @@ async fn measure(pages: usize) -> Result<Figures> {
         .into_iter()
         .zip(runs_before)
         .map(|(after, before)| {
-            let busy = |s: &perc_notify::ObserverStats| (s.latency_us_mean * s.commits) as f64;
             let commits = (after.commits - before.commits).max(1) as f64;
             let runs = (after.runs - before.runs) as f64 / UPDATES as f64;
             let conflicts = (after.conflicts - before.conflicts) as f64 / UPDATES as f64;
-            (after.name.clone(), runs, conflicts, (busy(&after) - busy(&before)) / commits)
+            (
+                after.name.clone(),
+                runs,
+                conflicts,
+                (after.latency_us_total - before.latency_us_total) as f64 / commits,
+            )
         })
         .filter(|(_, runs, _, _)| *runs > 0.0)
         .collect();

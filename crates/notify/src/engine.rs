@@ -117,7 +117,8 @@ pub struct ObserverStats {
     pub failures: u64,
     /// Notifications moved to the failed list.
     pub parked: u64,
-    /// Mean and largest duration of a committed run, in microseconds.
+    /// Total, mean and largest duration of a committed run, in microseconds.
+    pub latency_us_total: u64,
     pub latency_us_mean: u64,
     pub latency_us_max: u64,
 }
@@ -693,6 +694,7 @@ impl Engine {
                     conflicts: c.conflicts.load(Ordering::Relaxed),
                     failures: c.failures.load(Ordering::Relaxed),
                     parked: c.parked.load(Ordering::Relaxed),
+                    latency_us_total: c.latency_us_total.load(Ordering::Relaxed),
                     latency_us_mean: c.latency_us_total.load(Ordering::Relaxed) / commits.max(1),
                     latency_us_max: c.latency_us_max.load(Ordering::Relaxed),
                 }
