@@ -11,9 +11,7 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use perc_cli::site;
-use perc_pipeline::{
-    config, diff, CrawlScope, Create, Fetching, PageInfo, Pipeline, PipelineError,
-};
+use perc_pipeline::{config, diff, CrawlScope, Create, Fetching, Pipeline, PipelineError};
 
 /// A line on stdout. A closed stdout (`perc status | head -1`) is an error that `main` turns
 /// into a quiet exit, the way Unix tools end on a broken pipe.
@@ -154,6 +152,19 @@ enum Command {
     },
     /// Distributed mode: run observers on the shared store until stopped (SIGTERM, Ctrl-C).
     Worker,
+    /// Keep the index current and answer an HTTP API (docs/serve.md) until stopped
+    /// (SIGTERM, Ctrl-C): the observers run as in `perc worker`.
+    Serve {
+        /// Seeds to crawl (one URL a line; - reads stdin), added when it starts.
+        #[arg(long)]
+        seeds: Option<PathBuf>,
+        /// Narrows the scope of the seeds to URLs starting with this (repeatable).
+        #[arg(long = "prefix", requires = "seeds")]
+        prefixes: Vec<String>,
+        /// Where to listen, host:port (default: serve.listen; port 0 picks a free one).
+        #[arg(long)]
+        listen: Option<String>,
+    },
     /// Serve the bundled demo site on 127.0.0.1, crawl it, and show what perc knows.
     Demo {
         /// The site directory.
@@ -167,7 +178,7 @@ fn main() -> ExitCode {
     // sled's own error lines repeat what reaches perc as an error value. The long-running
     // servers say at info what an operator watches (rates, backlog, takeovers, epochs).
     let default_filter = match cli.command {
-        Command::Worker | Command::Oracle { .. } => {
+        Command::Worker | Command::Oracle { .. } | Command::Serve { .. } => {
             "warn,sled=off,perc=info,perc_pipeline=info,perc_notify=info,perc_oracle=info"
         }
         _ => "warn,sled=off",
@@ -408,37 +419,9 @@ async fn dispatch(
             let app = existing!(config, Fetching::Offline);
             let info = app.page(&url).await?;
             app.close().await?;
-            match info {
-                PageInfo::Page(line, meta) => {
-                    // The export line, and what the page declares that the export leaves out.
-                    #[derive(serde::Serialize)]
-                    struct Shown {
-                        #[serde(flatten)]
-                        line: perc_pipeline::ExportLine,
-                        #[serde(skip_serializing_if = "Option::is_none")]
-                        declared_canonical: Option<String>,
-                        #[serde(skip_serializing_if = "Option::is_none")]
-                        refresh: Option<String>,
-                        #[serde(skip_serializing_if = "Option::is_none")]
-                        simhash: Option<String>,
-                    }
-                    let shown = Shown {
-                        line,
-                        declared_canonical: meta.declared_canonical,
-                        refresh: meta.refresh,
-                        simhash: meta.simhash,
-                    };
-                    out!("{}", serde_json::to_string(&shown)?)
-                }
-                PageInfo::NotAPage(meta) => out!(
-                    "{}",
-                    serde_json::json!({"url": url.as_str(), "kind": meta.kind, "reason": meta.reason, "status": meta.status, "redirect_to": meta.redirect_to})
-                ),
-                PageInfo::Pending => out!(
-                    "{}",
-                    serde_json::json!({"url": url.as_str(), "kind": "pending", "reason": "in the frontier, not fetched yet"})
-                ),
-                PageInfo::Unknown => {
+            match perc_pipeline::page_record(&url, info) {
+                Some(record) => out!("{record}"),
+                None => {
                     say!("{url} is not known to this index");
                     return Ok(ExitCode::from(1));
                 }
@@ -498,6 +481,9 @@ async fn dispatch(
         }
         Command::Oracle { listen } => oracle(config, &listen, &stop).await,
         Command::Worker => worker(config, &stop).await,
+        Command::Serve { seeds, prefixes, listen } => {
+            serve(config, seeds.as_deref(), &prefixes, listen, stop).await
+        }
         Command::Demo { site } => demo(config, &site, &stop).await,
     }
 }
@@ -910,6 +896,47 @@ async fn worker(config: config::Config, stop: &CancellationToken) -> Result<Exit
     let worked = app.work(stop).await;
     app.close().await?;
     worked?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(
+    config: config::Config,
+    seeds: Option<&Path>,
+    prefixes: &[String],
+    listen: Option<String>,
+    stop: CancellationToken,
+) -> Result<ExitCode> {
+    let seeds = seeds.map(|s| read_seeds(s, config.crawl.seeds_max)).transpose()?;
+    let listen = listen.unwrap_or_else(|| config.serve.listen.clone());
+    let addr: std::net::SocketAddr = listen.parse().map_err(|e| {
+        anyhow!("listen address {listen:?}: {e} (give host:port, e.g. 127.0.0.1:8420)")
+    })?;
+    if !addr.ip().is_loopback() {
+        bail!(
+            "refusing to listen on {addr}: not a loopback address, and this API has no access \
+             control yet (docs/serve.md)"
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let data =
+        (config.store.backend == config::Backend::Sled).then(|| PathBuf::from(&config.store.data));
+    let serve_config = config.serve.clone();
+    let scope = match &seeds {
+        Some(seeds) => Some(crawl_scope(&config, seeds, prefixes)?),
+        None => None,
+    };
+    let app = Pipeline::open(config, Fetching::Live { warc_out: None }, Create::IfMissing).await?;
+    if let (Some(seeds), Some(scope)) = (&seeds, &scope) {
+        app.add_seeds(seeds, scope).await?;
+    }
+    perc_serve::run(app, &serve_config, listener, data.as_deref(), stop, |addr| {
+        // A closed stdout loses the line, and nothing else: the address is in serve.json.
+        let _ = writeln!(std::io::stdout(), "perc serve: listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+    })
+    .await?;
     Ok(ExitCode::SUCCESS)
 }
 

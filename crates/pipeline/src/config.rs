@@ -33,6 +33,21 @@ pub struct Config {
     pub crawl: Crawl,
     pub workers: perc_notify::NotifyConfig,
     pub txn: Txn,
+    pub serve: Serve,
+}
+
+/// `perc serve`: where it listens and what it accepts (docs/serve.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Serve {
+    /// `host:port` (also --listen); port 0 picks a free one.
+    pub listen: String,
+    /// The largest request body, and the longest query string, accepted.
+    pub body_bytes_max: u64,
+    /// A request that takes longer is answered 408.
+    pub request_timeout_ms: u64,
+    /// How long a stop waits for the requests in flight.
+    pub shutdown_ms: u64,
 }
 
 /// Which store backend: the embedded one, or Cloud Bigtable shared by many processes.
@@ -249,6 +264,9 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("txn.lock_ttl_ms", 100, i64::MAX),
     ("txn.liveness_ttl_ms", 100, i64::MAX),
     ("oracle.block", 1, i64::MAX),
+    ("serve.body_bytes_max", 1024, 1 << 30),
+    ("serve.request_timeout_ms", 1, i64::MAX),
+    ("serve.shutdown_ms", 0, i64::MAX),
 ];
 
 fn check_ranges(root: &Value, origins: &Origins) -> Result<()> {

@@ -179,6 +179,18 @@ impl Pipeline {
     /// by `perc status`). Processes sharing a store add theirs concurrently: a conflict is
     /// retried.
     pub async fn save_stats(&self) -> Result<()> {
+        let u = self.unsaved();
+        if u.delta.is_empty() && u.hosts_delta.is_empty() {
+            return Ok(());
+        }
+        self.client.retrying(async |_| self.try_save_stats(&u.delta, &u.hosts_delta).await).await?;
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = u.now;
+        *self.hosts_saved.lock().unwrap_or_else(|e| e.into_inner()) = u.hosts_now;
+        Ok(())
+    }
+
+    /// This process's counters now, and what of them is not added to the stored ones yet.
+    fn unsaved(&self) -> Unsaved {
         let now: StoredStats = self
             .engine
             .stats()
@@ -212,13 +224,7 @@ impl Pipeline {
                 })
                 .collect()
         };
-        if delta.is_empty() && hosts_delta.is_empty() {
-            return Ok(());
-        }
-        self.client.retrying(async |_| self.try_save_stats(&delta, &hosts_delta).await).await?;
-        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = now;
-        *self.hosts_saved.lock().unwrap_or_else(|e| e.into_inner()) = hosts_now;
-        Ok(())
+        Unsaved { now, delta, hosts_now, hosts_delta }
     }
 
     async fn try_save_stats(
@@ -230,22 +236,11 @@ impl Pipeline {
         // A counter record that cannot be read starts over rather than stopping the run.
         let raw = t.get(STATS_ROW, STATS_COLUMN).await?;
         let mut all: StoredStats = decode_stored(raw, OBSERVER_COUNTERS).unwrap_or_default();
-        for (name, add) in delta {
-            let e = all.entry(name.clone()).or_default();
-            for (slot, add) in e.iter_mut().zip(add) {
-                *slot += add;
-            }
-        }
+        add_stats(&mut all, delta);
         if !hosts_delta.is_empty() {
             let raw = t.get(STATS_ROW, HOSTS_COLUMN).await?;
             let mut hosts: StoredHosts = decode_stored(raw, HOST_COUNTERS).unwrap_or_default();
-            for (host, [requests, failed, first, last]) in hosts_delta {
-                let h = hosts.entry(host.clone()).or_insert([0, 0, *first, *last]);
-                h[0] += requests;
-                h[1] += failed;
-                h[2] = h[2].min(*first);
-                h[3] = h[3].max(*last);
-            }
+            add_hosts(&mut hosts, hosts_delta);
             t.set(
                 Bytes::from_static(STATS_ROW),
                 Bytes::from_static(HOSTS_COLUMN),
@@ -376,7 +371,9 @@ pub struct Status {
     /// Locks in the store: transactions committing now, or left by a process that died (the
     /// next reader or writer of their rows resolves them).
     pub locks: usize,
-    /// Every run's counters so far, per observer (workers add theirs as they go).
+    /// Every run's counters so far, per observer (workers add theirs as they go; this
+    /// process's own are included, saved or not: a save committing at that very moment may
+    /// be counted twice or not yet).
     pub counters: StoredStats,
     pub parked: Vec<FailedEntry>,
     /// Processes registered in the store's liveness registry, this one's clients left out.
@@ -417,13 +414,21 @@ impl Pipeline {
         // What this crawl wants is wanted after this timestamp: its report counts what it
         // tried, whichever process fetched it.
         let since = self.client.oracle().next().await?;
+        self.add_seeds(seeds, scope).await?;
+        let run = self.run_until_quiet("crawl", stop).await?;
+        Ok((run, perc_observers::report_since(&self.client, seeds, since.0).await?))
+    }
+
+    /// Adds `seeds` (and the in-scope URLs of the sitemaps their robots.txt files name) to
+    /// the frontier within `scope`, for the workers to crawl: what a crawl starts with, and
+    /// what `perc serve --seeds` does without waiting for the end.
+    pub async fn add_seeds(&self, seeds: &[Url], scope: &CrawlScope) -> Result<()> {
         let mut wanted = seeds.to_vec();
         if self.config.crawl.sitemaps {
             wanted.extend(self.sitemap_seeds(seeds, scope).await?);
         }
         perc_observers::seed(&self.client, &wanted, scope).await?;
-        let run = self.run_until_quiet("crawl", stop).await?;
-        Ok((run, perc_observers::report_since(&self.client, seeds, since.0).await?))
+        Ok(())
     }
 
     /// The in-scope URLs of the sitemaps that the seeds' robots.txt files name, not seeds
@@ -614,8 +619,12 @@ impl Pipeline {
         let pending_by_observer = self.engine.pending_by_observer(1_000_000).await?;
         let pending = pending_by_observer.values().sum();
         let t = self.client.begin().await?;
-        let counters = decode_stored(t.get(STATS_ROW, STATS_COLUMN).await?, OBSERVER_COUNTERS)?;
-        let hosts = decode_stored(t.get(STATS_ROW, HOSTS_COLUMN).await?, HOST_COUNTERS)?;
+        let mut counters = decode_stored(t.get(STATS_ROW, STATS_COLUMN).await?, OBSERVER_COUNTERS)?;
+        let mut hosts = decode_stored(t.get(STATS_ROW, HOSTS_COLUMN).await?, HOST_COUNTERS)?;
+        // This process's own, not saved yet (a server's, between its saves).
+        let unsaved = self.unsaved();
+        add_stats(&mut counters, &unsaved.delta);
+        add_hosts(&mut hosts, &unsaved.hosts_delta);
         let parked = self.engine.failed_list().await?;
         let locks = self
             .store
@@ -667,6 +676,88 @@ impl Pipeline {
     }
 }
 
+/// What `perc page` prints and `GET /v1/page` answers for `url`: the export line with what
+/// the page declares that the export leaves out (its declared canonical, a delayed refresh,
+/// its simhash), or why the URL is not a page; `None` when the index does not know it.
+/// JSON text, the export line's fields in the export's order.
+pub fn page_record(url: &Url, info: PageInfo) -> Option<String> {
+    #[derive(serde::Serialize)]
+    struct Shown {
+        #[serde(flatten)]
+        line: ExportLine,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        declared_canonical: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        refresh: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        simhash: Option<String>,
+    }
+    Some(match info {
+        PageInfo::Page(line, meta) => serde_json::to_string(&Shown {
+            line,
+            declared_canonical: meta.declared_canonical,
+            refresh: meta.refresh,
+            simhash: meta.simhash,
+        })
+        .expect("serializable"),
+        PageInfo::NotAPage(meta) => serde_json::json!({
+            "url": url.as_str(), "kind": meta.kind, "reason": meta.reason,
+            "status": meta.status, "redirect_to": meta.redirect_to
+        })
+        .to_string(),
+        PageInfo::Pending => serde_json::json!({
+            "url": url.as_str(), "kind": "pending", "reason": "in the frontier, not fetched yet"
+        })
+        .to_string(),
+        PageInfo::Unknown => return None,
+    })
+}
+
+impl Status {
+    /// `perc status` as JSON (`GET /v1/status`): the same numbers, named.
+    pub fn to_json(&self) -> serde_json::Value {
+        let r = &self.report;
+        let counters: serde_json::Map<String, serde_json::Value> = self
+            .counters
+            .iter()
+            .map(|(name, [runs, commits, skipped, conflicts, failures, parked])| {
+                let v = serde_json::json!({
+                    "runs": runs, "commits": commits, "skipped": skipped,
+                    "conflicts": conflicts, "failures": failures, "parked": parked,
+                    "pending": self.pending_by_observer.get(name).copied().unwrap_or(0),
+                });
+                (name.clone(), v)
+            })
+            .collect();
+        let hosts: serde_json::Map<String, serde_json::Value> = self
+            .hosts
+            .iter()
+            .map(|(host, [requests, failed, first_ms, last_ms])| {
+                let v = serde_json::json!({
+                    "requests": requests, "failed": failed,
+                    "first_ms": first_ms, "last_ms": last_ms,
+                });
+                (host.clone(), v)
+            })
+            .collect();
+        serde_json::json!({
+            "pages": r.pages,
+            "duplicate_clusters": r.duplicate_clusters,
+            "fetched": r.fetched,
+            "answered": r.answered,
+            "waiting": r.waiting,
+            "not_pages": r.not_pages,
+            "pending": self.pending,
+            "pending_by_observer": self.pending_by_observer,
+            "locks": self.locks,
+            "observers": counters,
+            "parked": self.parked.len(),
+            "workers": self.workers.iter().filter(|w| w.alive).count(),
+            "hosts": hosts,
+        })
+    }
+}
+
 /// Where the counters of every run so far are kept, per observer:
 /// [runs, commits, skipped, conflicts, failures, parked].
 const STATS_ROW: &[u8] = b"m:stats";
@@ -677,6 +768,33 @@ const HOSTS_COLUMN: &[u8] = b"stats:hosts";
 const OBSERVER_COUNTERS: &str = "the stored observer counters";
 const HOST_COUNTERS: &str = "the stored host counters";
 pub type StoredHosts = std::collections::BTreeMap<String, [u64; 4]>;
+
+/// A process's counters now, and what of them the store does not have yet.
+struct Unsaved {
+    now: StoredStats,
+    delta: StoredStats,
+    hosts_now: StoredHosts,
+    hosts_delta: StoredHosts,
+}
+
+fn add_stats(all: &mut StoredStats, delta: &StoredStats) {
+    for (name, add) in delta {
+        let e = all.entry(name.clone()).or_default();
+        for (slot, add) in e.iter_mut().zip(add) {
+            *slot += add;
+        }
+    }
+}
+
+fn add_hosts(hosts: &mut StoredHosts, delta: &StoredHosts) {
+    for (host, [requests, failed, first, last]) in delta {
+        let h = hosts.entry(host.clone()).or_insert([0, 0, *first, *last]);
+        h[0] += requests;
+        h[1] += failed;
+        h[2] = h[2].min(*first);
+        h[3] = h[3].max(*last);
+    }
+}
 
 /// A stored counter record (`what` names it in the error), or an empty one if none is stored.
 fn decode_stored<T: serde::de::DeserializeOwned + Default>(

@@ -1,0 +1,176 @@
+//! `perc serve` end to end (docs/serve.md): the API answering while the demo site is crawled,
+//! bad requests each with its status and a message, and a clean stop on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{root, seeds, Site, PERC};
+
+/// A `perc serve` child process and where it listens.
+struct Server {
+    child: Child,
+    base: String,
+    client: reqwest::blocking::Client,
+}
+
+impl Server {
+    /// Starts `perc serve` on `data` with `args`, on a free loopback port; returns once it
+    /// says where it listens.
+    fn start(data: &Path, args: &[&str]) -> Server {
+        let mut child = Command::new(PERC)
+            .arg("--config")
+            .arg(root().join("config/test.toml"))
+            .arg("--data")
+            .arg(data)
+            .args(["--set", "serve.body_bytes_max=4096", "serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run perc serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("perc serve: listening on ")
+            .unwrap_or_else(|| panic!("perc serve said {line:?}"))
+            .to_string();
+        let client =
+            reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+        Server { child, base, client }
+    }
+
+    /// GET `path`: the status and the body.
+    fn get(&self, path: &str) -> (u16, String) {
+        let r = self.client.get(format!("{}{path}", self.base)).send().unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    }
+
+    /// GET `path`, which must answer 200 with JSON.
+    fn json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+    }
+
+    /// GET `path`, which must fail with `status` and a JSON error containing `says`.
+    fn fails(&self, path: &str, status: u16, says: &str) {
+        let (got, body) = self.get(path);
+        assert_eq!(got, status, "{path}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
+        let message = v["error"].as_str().unwrap_or_else(|| panic!("{path}: {body}"));
+        assert!(message.contains(says), "{path}: {message}");
+    }
+
+    /// Polls `/v1/status` until `done` says so (or fails after a minute).
+    fn until(&self, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = self.json("/v1/status");
+            if done(&status) {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "waited a minute for {what}: {status}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, then the exit code.
+    fn terminate(mut self) -> Option<i32> {
+        let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        assert!(sent.unwrap().success());
+        self.child.wait().unwrap().code()
+    }
+}
+
+fn q(url: &str) -> String {
+    url::form_urlencoded::byte_serialize(url.as_bytes()).collect()
+}
+
+#[test]
+fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("data");
+    let server = Server::start(&data, &["--seeds", s.to_str().unwrap()]);
+    let address: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("serve.json")).unwrap()).unwrap();
+    assert_eq!(format!("http://{}", address["addr"].as_str().unwrap()), server.base);
+
+    // While it crawls: an answer about the seed, whichever it is by now.
+    let (status, body) = server.get(&format!("/v1/canonical?url={}", q(&site.base())));
+    assert!(status == 200 || status == 404, "{status}: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(v.get("canonical").is_some() || v.get("error").is_some(), "{body}");
+
+    let status = server.until("the demo's 17 pages", |s| s["pages"] == 17 && s["pending"] == 0);
+    assert_eq!(status["duplicate_clusters"], 3, "{status}");
+    // The server's own counters, before it saved any.
+    assert!(status["observers"]["parse"]["commits"].as_u64() >= Some(17), "{status}");
+    assert!(status["hosts"].as_object().is_some_and(|h| h.len() == 1), "{status}");
+    let canonical =
+        server.json(&format!("/v1/canonical?url={}", q(&site.url("copy-of-about.html"))));
+    assert_eq!(canonical["canonical"], site.url("about.html"));
+    assert_eq!(canonical["url"], site.url("copy-of-about.html"));
+    let canonical = server.json(&format!("/v1/canonical?url={}", q(&site.url("old-about"))));
+    assert_eq!(canonical["canonical"], site.url("about.html"));
+    server.fails(
+        &format!("/v1/canonical?url={}", q(&site.url("never-linked.html"))),
+        404,
+        "is not known to this index",
+    );
+    let page = server.json(&format!("/v1/page?url={}", q(&site.url("missing.html"))));
+    assert_eq!(page["reason"], "HTTP 404");
+    let page = server.json(&format!("/v1/page?url={}", q(&site.url("manual/latest.html"))));
+    assert_eq!(page["canonical"], site.url("manual/v1.html"));
+    assert_eq!(page["declared_canonical"], site.url("manual/v1.html"));
+
+    // The export: the golden crawl's, byte for byte.
+    let (status, exported) = server.get("/v1/export");
+    assert_eq!(status, 200);
+    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    assert_eq!(exported.replace(&site.base(), "http://demo.test/"), want);
+
+    // Bad requests: each its status and what is wrong, and nothing changes.
+    server.fails("/v1/canonical", 400, "missing query parameter url");
+    server.fails("/v1/page?uri=x", 400, "missing query parameter url");
+    server.fails("/v1/canonical?url=a&url=b", 400, "url given more than once");
+    server.fails("/v1/canonical?url=not%20a%20url", 400, "url \"not a url\"");
+    server.fails("/v1/canonical?url=ftp://h.test/x", 400, "url \"ftp://h.test/x\"");
+    server.fails("/v1/nothing", 404, "no such endpoint: /v1/nothing");
+    server.fails("/", 404, "no such endpoint: /");
+    let long = format!("/v1/canonical?url=http://h.test/{}", "a".repeat(5000));
+    server.fails(&long, 414, "the most accepted is 4096");
+    let post =
+        server.client.post(format!("{}/v1/canonical", server.base)).body("{}").send().unwrap();
+    assert_eq!(post.status().as_u16(), 405);
+    assert!(post.text().unwrap().contains("POST is not allowed on /v1/canonical"));
+    assert_eq!(server.get("/v1/export").1, exported, "bad requests change nothing");
+
+    // SIGTERM: exit 0, the address file gone, the store whole and free for the CLI.
+    assert_eq!(server.terminate(), Some(0));
+    assert!(!data.join("serve.json").exists());
+    let after = common::export(&data, &tmp.path().join("after.jsonl"));
+    assert_eq!(after, exported);
+}
+
+#[test]
+fn a_bad_listen_address_is_refused_before_anything_is_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data: PathBuf = tmp.path().join("data");
+    for (listen, says) in
+        [("0.0.0.0:0", "not a loopback address"), ("localhost", "listen address \"localhost\"")]
+    {
+        let out = common::perc(&data, &["serve", "--listen", listen]);
+        assert_eq!(out.status.code(), Some(2), "{listen}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{listen}: {err}");
+        assert!(!data.exists(), "nothing was created");
+    }
+}

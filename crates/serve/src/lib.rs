@@ -1,0 +1,271 @@
+//! `perc serve`: the index as a long-running service (docs/serve.md). The observers run as
+//! in `perc worker`, and an HTTP server answers questions about the index while it changes:
+//! every answer is a [`Pipeline`] call, the same one the CLI makes, so the two cannot
+//! disagree.
+//!
+//! The API answers JSON; every error is `{"error": "..."}` naming the problem, with its
+//! status: 400 a bad or missing parameter, 404 an unknown path or URL, 405 a wrong method,
+//! 408 an answer not ready within `serve.request_timeout_ms`, 414 a query string over
+//! `serve.body_bytes_max`, 503 a store that does not answer.
+//! While it runs, `DATA/serve.json` says where it listens (written once bound, removed at
+//! a clean stop).
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use perc_pipeline::config::Serve as ServeConfig;
+use perc_pipeline::{Pipeline, PipelineError};
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+/// The file in the data directory that says where a running server listens.
+pub const ADDRESS_FILE: &str = "serve.json";
+
+/// What the handlers share.
+struct Served {
+    app: Arc<Pipeline>,
+    query_bytes_max: usize,
+}
+
+/// Serves `app` on `listener` until `stop`: runs the observers, answers the API, then stops
+/// both (requests in flight get `serve.shutdown_ms` to finish) and closes the store.
+/// `data`, the sled store's directory, gets [`ADDRESS_FILE`] while it runs; `ready` is
+/// called with the address once that file is written.
+pub async fn run(
+    app: Pipeline,
+    config: &ServeConfig,
+    listener: tokio::net::TcpListener,
+    data: Option<&Path>,
+    stop: CancellationToken,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), PipelineError> {
+    let addr = listener.local_addr().map_err(io("cannot read the listening address"))?;
+    let address_file = match data {
+        Some(dir) => Some(write_address(dir, addr)?),
+        None => None,
+    };
+    ready(addr);
+    let app = Arc::new(app);
+    let state = Arc::new(Served {
+        app: app.clone(),
+        query_bytes_max: usize::try_from(config.body_bytes_max).unwrap_or(usize::MAX),
+    });
+    let router = router(state, config);
+    let shutdown = stop.clone();
+    let grace = Duration::from_millis(config.shutdown_ms);
+    let stopping = stop.clone();
+    let server = async move {
+        let serving = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await });
+        let serving = serving.into_future();
+        tokio::pin!(serving);
+        // Requests in flight get the grace period once a stop is asked for.
+        tokio::select! {
+            r = &mut serving => r,
+            _ = stop_then(grace, &stopping) => Ok(()),
+        }
+    };
+    let (worked, served) = tokio::join!(app.work(&stop), server);
+    if let Some(f) = address_file {
+        let _ = std::fs::remove_file(f);
+    }
+    match Arc::try_unwrap(app) {
+        Ok(app) => app.close().await?,
+        Err(_) => tracing::warn!("a request still holds the index; the store closes at exit"),
+    }
+    worked?;
+    served.map_err(io("the HTTP server failed"))
+}
+
+/// Returns `grace` after `stop` is cancelled.
+async fn stop_then(grace: Duration, stop: &CancellationToken) {
+    stop.cancelled().await;
+    tokio::time::sleep(grace).await;
+}
+
+/// Writes [`ADDRESS_FILE`] in `dir` (a temporary file renamed over it); its path.
+fn write_address(dir: &Path, addr: SocketAddr) -> Result<PathBuf, PipelineError> {
+    let path = dir.join(ADDRESS_FILE);
+    let tmp = dir.join(format!("{ADDRESS_FILE}.tmp"));
+    let body = serde_json::json!({"addr": addr.to_string(), "pid": std::process::id()});
+    std::fs::write(&tmp, format!("{body}\n"))
+        .map_err(io(format!("cannot write {}", tmp.display())))?;
+    std::fs::rename(&tmp, &path).map_err(io(format!("cannot write {}", path.display())))?;
+    Ok(path)
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PipelineError {
+    let what = what.into();
+    move |source| PipelineError::Io { what, source }
+}
+
+fn router(state: Arc<Served>, config: &ServeConfig) -> Router {
+    let limit = Duration::from_millis(config.request_timeout_ms);
+    Router::new()
+        .route("/v1/canonical", get(canonical))
+        .route("/v1/page", get(page))
+        .route("/v1/status", get(status))
+        .route("/v1/export", get(export))
+        .fallback(unknown_path)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn(move |request, next| timed(limit, request, next)))
+        .with_state(state)
+}
+
+/// Answers 408 when the answer's head is not ready within `limit` (a streamed body, once
+/// begun, is not cut).
+async fn timed(
+    limit: Duration,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("no answer within {} ms (serve.request_timeout_ms)", limit.as_millis()),
+        )
+        .into_response(),
+    }
+}
+
+/// An answer that is not the one asked for: its status and what went wrong.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(serde_json::json!({ "error": self.message }))).into_response()
+    }
+}
+
+impl From<PipelineError> for ApiError {
+    fn from(e: PipelineError) -> ApiError {
+        let status = if e.is_below() {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+type Answer = Result<Response, ApiError>;
+
+/// The one parameter `name` of a query string: 414 over the cap, 400 missing, repeated or
+/// not UTF-8.
+fn param(query: Option<&str>, name: &str, max: usize) -> Result<String, ApiError> {
+    let query = query.unwrap_or("");
+    if query.len() > max {
+        return Err(ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            format!("the query string has {} bytes; the most accepted is {max}", query.len()),
+        ));
+    }
+    let mut found = url::form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == name);
+    let value = found.next().ok_or_else(|| {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("missing query parameter {name}"))
+    })?;
+    if found.next().is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("query parameter {name} given more than once"),
+        ));
+    }
+    Ok(value.1.into_owned())
+}
+
+/// The `url` parameter, normalized as the index keys it.
+fn url_param(query: Option<&str>, max: usize) -> Result<Url, ApiError> {
+    let raw = param(query, "url", max)?;
+    perc_crawl::normalize(&raw)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("url {raw:?}: {e}")))
+}
+
+fn json_text(text: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// `GET /v1/canonical?url=U`: `{"url", "canonical"}`, or 404 saying what U is instead.
+async fn canonical(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
+    let url = url_param(q.as_deref(), s.query_bytes_max)?;
+    match s.app.canonical(&url).await? {
+        Ok(c) => Ok(Json(serde_json::json!({"url": url.as_str(), "canonical": c})).into_response()),
+        Err(why) => Err(ApiError::new(StatusCode::NOT_FOUND, why)),
+    }
+}
+
+/// `GET /v1/page?url=U`: what `perc page` prints, or 404.
+async fn page(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
+    let url = url_param(q.as_deref(), s.query_bytes_max)?;
+    let info = s.app.page(&url).await?;
+    match perc_pipeline::page_record(&url, info) {
+        Some(record) => Ok(json_text(record)),
+        None => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, format!("{url} is not known to this index")))
+        }
+    }
+}
+
+/// `GET /v1/status`: `perc status` as JSON.
+async fn status(State(s): State<Arc<Served>>) -> Answer {
+    Ok(Json(s.app.status().await?.to_json()).into_response())
+}
+
+/// `GET /v1/export`: the export as JSON Lines, streamed: the bytes `perc export` writes. The
+/// export hands its lines to a callback; each waits (`block_in_place`, so the runtime's other
+/// tasks go on) until the response has room: memory holds a few lines, not the export.
+async fn export(State(s): State<Arc<Served>>) -> Answer {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(64);
+    let app = s.app.clone();
+    tokio::spawn(async move {
+        let tx2 = tx.clone();
+        let result = app
+            .export(|line| {
+                let mut text = serde_json::to_vec(&line).expect("serializable");
+                text.push(b'\n');
+                // A client that went away ends the export.
+                tokio::task::block_in_place(|| tx2.blocking_send(Ok(text.into())))
+                    .map_err(|_| PipelineError::Interrupted)
+            })
+            .await;
+        if let Err(e) = result {
+            if !matches!(e, PipelineError::Interrupted) {
+                let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+            }
+        }
+    });
+    let body = Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }));
+    Ok(([(header::CONTENT_TYPE, "application/jsonl")], body).into_response())
+}
+
+async fn unknown_path(uri: Uri) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no such endpoint: {}", uri.path()))
+}
+
+async fn wrong_method(method: axum::http::Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
