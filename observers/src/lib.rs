@@ -41,7 +41,7 @@ use perc_crawl::Source;
 use perc_notify::{NotifyKind, ObserverError, Registry, RegistryError};
 use perc_txn::TxnError;
 
-pub use load::{known_urls, load_recorded, refetch, seed};
+pub use load::{known_urls, load_recorded, refetch, seed, seed_more};
 pub use query::{
     canonical, export, export_each, page_count, page_info, report, report_since, PageInfo, Report,
 };

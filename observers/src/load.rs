@@ -26,6 +26,11 @@ pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<
             t.commit().await
         })
         .await?;
+    want(client, seeds).await
+}
+
+/// Wants `seeds` (again) at depth 0.
+async fn want(client: &Client, seeds: &[Url]) -> Result<(), TxnError> {
     for chunk in seeds.chunks(LOAD_BATCH) {
         client
             .retrying(async |c| {
@@ -43,6 +48,33 @@ pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<
             })
             .await?;
     }
+    Ok(())
+}
+
+/// Adds `seeds` to the crawl: the stored scope becomes its union with `scope` (read and
+/// written in one transaction, so concurrent additions both stay), and the seeds are
+/// wanted (again) at depth 0.
+pub async fn seed_more(
+    client: &Client,
+    seeds: &[Url],
+    scope: &CrawlScope,
+) -> Result<(), IndexError> {
+    client
+        .retrying(async |c| {
+            let mut t = c.begin().await?;
+            let current: Option<CrawlScope> =
+                model::get_json(&t, model::CONFIG_ROW, col::SCOPE).await?;
+            let merged = current.map_or_else(|| scope.clone(), |cur| cur.union(scope));
+            t.set(
+                Bytes::from_static(model::CONFIG_ROW),
+                Bytes::from_static(col::SCOPE),
+                serde_json::to_vec(&merged).expect("serializable"),
+            );
+            t.commit().await?;
+            Ok::<_, IndexError>(())
+        })
+        .await?;
+    want(client, seeds).await?;
     Ok(())
 }
 

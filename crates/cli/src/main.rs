@@ -247,9 +247,10 @@ async fn signals(stop: CancellationToken) {
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    let broken = |io: &std::io::Error| io.kind() == std::io::ErrorKind::BrokenPipe;
     e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        c.downcast_ref::<std::io::Error>().is_some_and(broken)
+            || matches!(c.downcast_ref(), Some(PipelineError::Io { cause, .. }) if broken(cause))
     })
 }
 
@@ -694,9 +695,9 @@ async fn export_lines(app: &Pipeline, w: &mut impl Write) -> Result<usize> {
             serde_json::to_writer(&mut *w, &l)
                 .map_err(std::io::Error::from)
                 .and_then(|()| w.write_all(b"\n"))
-                .map_err(|source| PipelineError::Io {
+                .map_err(|cause| PipelineError::Io {
                     what: "cannot write the export".into(),
-                    source,
+                    cause,
                 })
         })
         .await?;
@@ -911,10 +912,10 @@ async fn serve(
     let addr: std::net::SocketAddr = listen.parse().map_err(|e| {
         anyhow!("listen address {listen:?}: {e} (give host:port, e.g. 127.0.0.1:8420)")
     })?;
-    if !addr.ip().is_loopback() {
+    if !addr.ip().is_loopback() && config.serve.token.is_empty() {
         bail!(
-            "refusing to listen on {addr}: not a loopback address, and this API has no access \
-             control yet (docs/serve.md)"
+            "refusing to listen on {addr}: not a loopback address, and serve.token is empty \
+             (set one: anyone who reaches the address could add seeds)"
         );
     }
     let listener = tokio::net::TcpListener::bind(addr)
@@ -931,7 +932,8 @@ async fn serve(
     if let (Some(seeds), Some(scope)) = (&seeds, &scope) {
         app.add_seeds(seeds, scope).await?;
     }
-    perc_serve::run(app, &serve_config, listener, data.as_deref(), stop, |addr| {
+    let token = perc_serve::token(&serve_config, data.as_deref())?;
+    perc_serve::run(app, &serve_config, listener, data.as_deref(), token, stop, |addr| {
         // A closed stdout loses the line, and nothing else: the address is in serve.json.
         let _ = writeln!(std::io::stdout(), "perc serve: listening on http://{addr}");
         let _ = std::io::stdout().flush();

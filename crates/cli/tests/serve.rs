@@ -80,6 +80,25 @@ impl Server {
         }
     }
 
+    /// POST `body` to `path` with `token` (none: no Authorization): the status and the body.
+    fn post(&self, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+        let mut r = self.client.post(format!("{}{path}", self.base)).body(body.to_string());
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        let r = r.send().unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    }
+
+    /// POST that must fail with `status` and a JSON error containing `says`.
+    fn post_fails(&self, path: &str, token: Option<&str>, body: &str, status: u16, says: &str) {
+        let (got, text) = self.post(path, token, body);
+        assert_eq!(got, status, "{path} {body}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("a JSON error");
+        let message = v["error"].as_str().unwrap_or_else(|| panic!("{path}: {text}"));
+        assert!(message.contains(says), "{path} {body}: {message}");
+    }
+
     /// SIGTERM, then the exit code.
     fn terminate(mut self) -> Option<i32> {
         let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
@@ -173,4 +192,59 @@ fn a_bad_listen_address_is_refused_before_anything_is_created() {
         assert!(err.contains(says), "{listen}: {err}");
         assert!(!data.exists(), "nothing was created");
     }
+}
+
+#[test]
+fn seeds_and_refetches_are_posted_with_the_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let data = tmp.path().join("data");
+    let server = Server::start(&data, &[]);
+    // The token perc serve made: 64 hex digits, readable by its owner only.
+    let file = data.join("serve.token");
+    let token = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    assert!(token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let seeds = serde_json::json!({"seeds": [site.base()]}).to_string();
+    let t = Some(token.as_str());
+    server.post_fails("/v1/seeds", None, &seeds, 401, "missing Authorization: Bearer");
+    server.post_fails("/v1/seeds", Some("nope"), &seeds, 401, "wrong bearer token");
+    server.post_fails("/v1/seeds", t, "{not json", 400, "the JSON body: key must be a string");
+    server.post_fails("/v1/seeds", t, r#"{"seeds": []}"#, 400, "no seeds given");
+    server.post_fails("/v1/seeds", t, r#"{"seeds": ["a b"]}"#, 400, "seeds[0] \"a b\"");
+    server.post_fails("/v1/seeds", t, r#"{"sedes": []}"#, 400, "unknown field `sedes`");
+    let big = serde_json::json!({"seeds": ["x".repeat(5000)]}).to_string();
+    server.post_fails("/v1/seeds", t, &big, 413, "length limit exceeded");
+    server.fails("/v1/seeds", 405, "GET is not allowed on /v1/seeds");
+    assert_eq!(server.json("/v1/status")["fetched"], 0, "nothing bad was taken");
+
+    let (status, body) = server.post("/v1/seeds", t, &seeds);
+    assert_eq!(status, 202, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v, serde_json::json!({"seeds": 1, "outside_scope": []}));
+    server.until("the demo's 17 pages", |s| s["pages"] == 17 && s["pending"] == 0);
+    let (_, exported) = server.get("/v1/export");
+    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    assert_eq!(exported.replace(&site.base(), "http://demo.test/"), want);
+
+    // A refetch: the known URL asked for again, the unknown one named; the index settles
+    // where it was (the site did not change).
+    let fetched = server.json("/v1/status")["fetched"].as_u64().unwrap();
+    let body = serde_json::json!({"urls": [site.url("about.html"), "http://unknown.test/x"]});
+    let (status, text) = server.post("/v1/refetch", t, &body.to_string());
+    assert_eq!(status, 202, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v, serde_json::json!({"refetching": 1, "unknown": ["http://unknown.test/x"]}));
+    server.post_fails("/v1/refetch", t, r#"{"urls": ["a"], "all": true}"#, 400, "either");
+    server.post_fails("/v1/refetch", None, r#"{"all": true}"#, 401, "missing Authorization");
+    server.until("the refetch", |s| s["pending"] == 0 && s["fetched"].as_u64() == Some(fetched));
+    assert_eq!(server.get("/v1/export").1, exported);
+    assert_eq!(server.terminate(), Some(0));
+    // A restart keeps the token.
+    let again = Server::start(&data, &[]);
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token);
+    assert_eq!(again.post("/v1/refetch", t, r#"{"all": true}"#).0, 202);
+    assert_eq!(again.terminate(), Some(0));
 }

@@ -48,6 +48,9 @@ pub struct Serve {
     pub request_timeout_ms: u64,
     /// How long a stop waits for the requests in flight.
     pub shutdown_ms: u64,
+    /// The bearer token of the write endpoints; empty: the one in DATA/serve.token (made
+    /// at the first start). Listening beyond loopback needs one set here.
+    pub token: String,
 }
 
 /// Which store backend: the embedded one, or Cloud Bigtable shared by many processes.

@@ -30,9 +30,10 @@ pub enum PipelineError {
     /// The store or the oracle did not answer within the time allowed for it.
     #[error("{0}")]
     Unavailable(String),
-    /// Reading or writing a file the caller named.
-    #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    /// Reading or writing a file the caller named. (Not `source`: the message says it
+    /// already, and a chain printed with `{:#}` would say it twice.)
+    #[error("{what}: {cause}")]
+    Io { what: String, cause: std::io::Error },
     /// The index holds something it cannot read.
     #[error(transparent)]
     Index(IndexError),
@@ -97,6 +98,6 @@ impl From<IndexError> for PipelineError {
 impl PipelineError {
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PipelineError {
         let what = what.into();
-        move |source| PipelineError::Io { what, source }
+        move |cause| PipelineError::Io { what, cause }
     }
 }

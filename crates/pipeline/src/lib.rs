@@ -505,6 +505,15 @@ impl Pipeline {
         targets: Option<&[Url]>,
         stop: &CancellationToken,
     ) -> Result<Refetched> {
+        let (refetched, unknown) = self.want_again(targets).await?;
+        let run = self.run_until_quiet("refetch", stop).await?;
+        let pages = perc_observers::page_count(&self.client).await?;
+        Ok(Refetched { refetched, unknown, run, pages })
+    }
+
+    /// Asks for `targets` again (all known URLs when `None`) without waiting: how many were
+    /// asked for, and the URLs not known (not asked for).
+    pub async fn want_again(&self, targets: Option<&[Url]>) -> Result<(usize, Vec<Url>)> {
         let all;
         let targets = match targets {
             Some(t) => t,
@@ -514,9 +523,26 @@ impl Pipeline {
             }
         };
         let unknown = perc_observers::refetch(&self.client, targets).await?;
-        let run = self.run_until_quiet("refetch", stop).await?;
-        let pages = perc_observers::page_count(&self.client).await?;
-        Ok(Refetched { refetched: targets.len() - unknown.len(), unknown, run, pages })
+        Ok((targets.len() - unknown.len(), unknown))
+    }
+
+    /// Adds `seeds` to what this index crawls, without waiting: the stored scope grows by
+    /// theirs (narrowed by `prefixes`, else their origins), and they (and the in-scope URLs
+    /// of the sitemaps their robots.txt files name) are fetched (again).
+    /// Returns the seeds outside `prefixes` (fetched, their links not followed).
+    pub async fn extend_seeds(&self, seeds: &[Url], prefixes: &[String]) -> Result<Vec<Url>> {
+        let (scope, outside) = crawl_scope(&self.config, seeds, prefixes)?;
+        let mut wanted = seeds.to_vec();
+        if self.config.crawl.sitemaps {
+            wanted.extend(self.sitemap_seeds(seeds, &scope).await?);
+        }
+        perc_observers::seed_more(&self.client, &wanted, &scope).await?;
+        Ok(outside)
+    }
+
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// The canonical URL of a page, a duplicate or an alias; `Err` says what the URL is

@@ -4,9 +4,10 @@
 //! disagree.
 //!
 //! The API answers JSON; every error is `{"error": "..."}` naming the problem, with its
-//! status: 400 a bad or missing parameter, 404 an unknown path or URL, 405 a wrong method,
-//! 408 an answer not ready within `serve.request_timeout_ms`, 414 a query string over
-//! `serve.body_bytes_max`, 503 a store that does not answer.
+//! status: 400 a bad or missing parameter or body, 401 a write without the bearer token,
+//! 403 a write to a server that has no token, 404 an unknown path or URL, 405 a wrong
+//! method, 408 an answer not ready within `serve.request_timeout_ms`, 413 a body and 414 a
+//! query string over `serve.body_bytes_max`, 503 a store that does not answer.
 //! While it runs, `DATA/serve.json` says where it listens (written once bound, removed at
 //! a clean stop).
 
@@ -17,11 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{RawQuery, State};
-use axum::http::{header, StatusCode, Uri};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
+use bytes::Bytes;
 use perc_pipeline::config::Serve as ServeConfig;
 use perc_pipeline::{Pipeline, PipelineError};
 use tokio_util::sync::CancellationToken;
@@ -30,21 +33,62 @@ use url::Url;
 /// The file in the data directory that says where a running server listens.
 pub const ADDRESS_FILE: &str = "serve.json";
 
+/// The file in the data directory that holds the write endpoints' token when the
+/// configuration gives none.
+pub const TOKEN_FILE: &str = "serve.token";
+
 /// What the handlers share.
 struct Served {
     app: Arc<Pipeline>,
     query_bytes_max: usize,
+    /// The write endpoints' token (its hash: compared in constant time); none: writes are
+    /// refused.
+    token: Option<blake3::Hash>,
+}
+
+/// The write endpoints' token: `serve.token`, else the one in `DATA/serve.token`, made
+/// (64 hex digits, mode 0600) if there is none; `None` with neither a token nor a data
+/// directory (a shared Bigtable store with no token configured).
+pub fn token(config: &ServeConfig, data: Option<&Path>) -> Result<Option<String>, PipelineError> {
+    if !config.token.is_empty() {
+        return Ok(Some(config.token.clone()));
+    }
+    let Some(dir) = data else { return Ok(None) };
+    let path = dir.join(TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(Some(t.trim().to_string())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(format!("cannot read {}", path.display()))(e)),
+    }
+    let bytes: [u8; 32] = rand::random();
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io(format!("cannot write {}", path.display())))?;
+    f.write_all(format!("{token}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io(format!("cannot write {}", path.display())))?;
+    Ok(Some(token))
 }
 
 /// Serves `app` on `listener` until `stop`: runs the observers, answers the API, then stops
 /// both (requests in flight get `serve.shutdown_ms` to finish) and closes the store.
 /// `data`, the sled store's directory, gets [`ADDRESS_FILE`] while it runs; `ready` is
-/// called with the address once that file is written.
+/// called with the address once that file is written. `token` (see [`token`]) guards the
+/// write endpoints.
 pub async fn run(
     app: Pipeline,
     config: &ServeConfig,
     listener: tokio::net::TcpListener,
     data: Option<&Path>,
+    token: Option<String>,
     stop: CancellationToken,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), PipelineError> {
@@ -58,6 +102,7 @@ pub async fn run(
     let state = Arc::new(Served {
         app: app.clone(),
         query_bytes_max: usize::try_from(config.body_bytes_max).unwrap_or(usize::MAX),
+        token: token.map(|t| blake3::hash(t.as_bytes())),
     });
     let router = router(state, config);
     let shutdown = stop.clone();
@@ -105,18 +150,22 @@ fn write_address(dir: &Path, addr: SocketAddr) -> Result<PathBuf, PipelineError>
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PipelineError {
     let what = what.into();
-    move |source| PipelineError::Io { what, source }
+    move |cause| PipelineError::Io { what, cause }
 }
 
 fn router(state: Arc<Served>, config: &ServeConfig) -> Router {
     let limit = Duration::from_millis(config.request_timeout_ms);
+    let body_max = usize::try_from(config.body_bytes_max).unwrap_or(usize::MAX);
     Router::new()
         .route("/v1/canonical", get(canonical))
         .route("/v1/page", get(page))
         .route("/v1/status", get(status))
         .route("/v1/export", get(export))
+        .route("/v1/seeds", post(seeds))
+        .route("/v1/refetch", post(refetch))
         .fallback(unknown_path)
         .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(body_max))
         .layer(axum::middleware::from_fn(move |request, next| timed(limit, request, next)))
         .with_state(state)
 }
@@ -161,11 +210,145 @@ impl From<PipelineError> for ApiError {
     fn from(e: PipelineError) -> ApiError {
         let status = if e.is_below() {
             StatusCode::SERVICE_UNAVAILABLE
+        } else if matches!(e, PipelineError::Input(_)) {
+            StatusCode::BAD_REQUEST
         } else {
             StatusCode::INTERNAL_SERVER_ERROR
         };
         ApiError::new(status, e.to_string())
     }
+}
+
+impl Served {
+    /// Whether `headers` carry the write endpoints' bearer token.
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(want) = self.token else {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "this server has no token (serve.token), so it takes no writes",
+            ));
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "missing Authorization: Bearer TOKEN (the token is serve.token, or the \
+                     one in DATA/serve.token)",
+                )
+            })?;
+        // blake3's Hash compares in constant time.
+        if blake3::hash(given.trim().as_bytes()) != want {
+            return Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong bearer token"));
+        }
+        Ok(())
+    }
+}
+
+/// Runs a write on a blocking thread, driving its future there. The writes go through
+/// `Client::retrying`, whose futures the compiler cannot prove `Send` for every lifetime
+/// (async closures), which a handler's future must be; writes are rare, so a thread each
+/// is cheap.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce(tokio::runtime::Handle) -> Result<T, PipelineError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let rt = tokio::runtime::Handle::current();
+    match tokio::task::spawn_blocking(move || f(rt)).await {
+        Ok(r) => Ok(r?),
+        Err(e) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    }
+}
+
+/// A JSON body of type `T`: 413 over the limit, 400 naming what is wrong with it.
+fn body<T: serde::de::DeserializeOwned>(raw: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let raw = raw.map_err(|r| ApiError::new(r.status(), r.body_text()))?;
+    serde_json::from_slice(&raw)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("the JSON body: {e}")))
+}
+
+/// URLs from a body, normalized; 400 naming the first bad one.
+fn urls(field: &str, raw: &[String]) -> Result<Vec<Url>, ApiError> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, u)| {
+            perc_crawl::normalize(u).map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, format!("{field}[{i}] {u:?}: {e}"))
+            })
+        })
+        .collect()
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SeedsBody {
+    seeds: Vec<String>,
+    #[serde(default)]
+    prefixes: Vec<String>,
+}
+
+/// `POST /v1/seeds` `{"seeds": [...], "prefixes": [...]}`: adds them to what the index
+/// crawls (the scope grows by theirs) and answers 202 at once.
+async fn seeds(
+    State(s): State<Arc<Served>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Answer {
+    s.authorize(&headers)?;
+    let b: SeedsBody = body(raw)?;
+    if b.seeds.is_empty() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "no seeds given"));
+    }
+    let max = s.app.config().crawl.seeds_max;
+    if b.seeds.len() as u64 > max {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{} seeds: the most accepted is {max} (crawl.seeds_max)", b.seeds.len()),
+        ));
+    }
+    let seeds = urls("seeds", &b.seeds)?;
+    let (app, wanted) = (s.app.clone(), seeds.clone());
+    let outside = blocking(move |rt| rt.block_on(app.extend_seeds(&wanted, &b.prefixes))).await?;
+    let outside: Vec<&str> = outside.iter().map(Url::as_str).collect();
+    let answer = serde_json::json!({"seeds": seeds.len(), "outside_scope": outside});
+    Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefetchBody {
+    #[serde(default)]
+    urls: Vec<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+/// `POST /v1/refetch` `{"urls": [...]}` or `{"all": true}`: asks for them again and answers
+/// 202 at once, naming the URLs the index does not know.
+async fn refetch(
+    State(s): State<Arc<Served>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Answer {
+    s.authorize(&headers)?;
+    let b: RefetchBody = body(raw)?;
+    let targets = match (b.all, b.urls.is_empty()) {
+        (true, true) => None,
+        (false, false) => Some(urls("urls", &b.urls)?),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "give either \"urls\": [...] or \"all\": true",
+            ))
+        }
+    };
+    let app = s.app.clone();
+    let (refetching, unknown) =
+        blocking(move |rt| rt.block_on(app.want_again(targets.as_deref()))).await?;
+    let unknown: Vec<&str> = unknown.iter().map(Url::as_str).collect();
+    let answer = serde_json::json!({"refetching": refetching, "unknown": unknown});
+    Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
 }
 
 type Answer = Result<Response, ApiError>;
@@ -234,7 +417,7 @@ async fn status(State(s): State<Arc<Served>>) -> Answer {
 /// export hands its lines to a callback; each waits (`block_in_place`, so the runtime's other
 /// tasks go on) until the response has room: memory holds a few lines, not the export.
 async fn export(State(s): State<Arc<Served>>) -> Answer {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let app = s.app.clone();
     tokio::spawn(async move {
         let tx2 = tx.clone();
@@ -243,7 +426,7 @@ async fn export(State(s): State<Arc<Served>>) -> Answer {
                 let mut text = serde_json::to_vec(&line).expect("serializable");
                 text.push(b'\n');
                 // A client that went away ends the export.
-                tokio::task::block_in_place(|| tx2.blocking_send(Ok(text.into())))
+                tokio::task::block_in_place(|| tx2.blocking_send(Ok(Bytes::from(text))))
                     .map_err(|_| PipelineError::Interrupted)
             })
             .await;

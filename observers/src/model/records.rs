@@ -150,6 +150,40 @@ pub struct CrawlScope {
     pub max_redirects: u32,
 }
 
+impl CrawlScope {
+    /// The prefixes that bound this scope: its own, or its seeds' origins when it has none.
+    fn bounds(&self) -> Vec<String> {
+        if !self.prefixes.is_empty() {
+            return self.prefixes.clone();
+        }
+        self.seeds
+            .iter()
+            .filter_map(|s| url::Url::parse(s).ok())
+            .map(|u| format!("{}/", u.origin().ascii_serialization()))
+            .collect()
+    }
+
+    /// The scope holding both this one's URLs and `other`'s (its limits are `other`'s): the
+    /// seeds of both, bounded by the prefixes of both (a scope without prefixes by its seeds'
+    /// origins).
+    pub fn union(&self, other: &CrawlScope) -> CrawlScope {
+        let mut seeds = self.seeds.clone();
+        seeds.extend(other.seeds.iter().filter(|s| !self.seeds.contains(s)).cloned());
+        let mut prefixes = self.bounds();
+        for p in other.bounds() {
+            if !prefixes.contains(&p) {
+                prefixes.push(p);
+            }
+        }
+        CrawlScope {
+            seeds,
+            prefixes,
+            max_depth: other.max_depth,
+            max_redirects: other.max_redirects,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
