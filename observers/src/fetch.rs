@@ -1,9 +1,14 @@
 //! fetch: the crawl frontier becomes raw pages.
 //!
 //! - Trigger: `crawl:want` of `p:<url>` (strong), written by the loader and by discover.
-//! - Reads: the want (depth, hops).
+//! - Reads: the want (depth, hops) and the fetch state (`crawl:state`).
 //! - Writes: `crawl:raw` (status, headers, body; or the reason there is none), through the
-//!   [`Source`] it is handed (robots.txt and politeness live there).
+//!   [`Source`] it is handed (robots.txt and politeness live there), unless it is what the
+//!   last fetch wrote: a refetch answered 304 (it is conditional on the last `ETag` and
+//!   `Last-Modified`) or with the same head and body writes no new version and runs no
+//!   observer after it. Then the fetch state (when, the validators, the interval: halved
+//!   by a change, doubled by none, within `[recrawl]`'s bounds) and the URL's row in the
+//!   due-time index (`n:<next fetch ms>\0<url>`, which `perc serve`'s scheduler reads).
 //! - Notifies: parse, through `crawl:raw`.
 //! - Twice is harmless: it fetches the page again and writes what it got; parse and all after
 //!   it change nothing when nothing changed. A host whose robots.txt stays unreachable is
@@ -14,14 +19,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use perc_crawl::{Fetched, Source};
+use perc_crawl::{Fetched, Source, Validators};
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col, RawHead, Want};
+use crate::model::{self, col, FetchState, RawHead, Recrawl, Want};
 
 pub struct Fetch {
     pub source: Arc<dyn Source>,
+    pub recrawl: Recrawl,
 }
 
 #[async_trait]
@@ -38,9 +44,19 @@ impl Observer for Fetch {
             row: url.into(),
             problem: format!("not a URL: {e}"),
         })?;
+        let state = model::get_json::<FetchState>(txn, row, col::FETCH_STATE).await?;
+        let asked = state.as_ref().map_or_else(Validators::default, |s| Validators {
+            etag: s.etag.clone(),
+            last_modified: s.last_modified.clone(),
+        });
         let mut head = RawHead { depth: want.depth, hops: want.hops, ..RawHead::default() };
-        let body = match self.source.get(&url).await {
+        let mut validators = Validators::default();
+        let fetched = self.source.get_if(&url, &asked).await;
+        let not_modified = state.is_some()
+            && matches!(&fetched, Fetched::Response(r) if r.status == 304 && asked != Validators::default());
+        let body = match fetched {
             Fetched::Response(r) => {
+                validators = r.validators();
                 head.status = Some(r.status);
                 head.content_type = r.content_type;
                 head.charset = r.charset;
@@ -56,7 +72,73 @@ impl Observer for Fetch {
                 Bytes::new()
             }
         };
-        txn.set(row.clone(), Bytes::from_static(col::RAW), model::encode_raw(&head, &body));
+        let written = if not_modified {
+            // The stored raw stands; only a new depth or hop count is written into it.
+            let last = state.as_ref().map(|s| s.written.clone()).unwrap_or_default();
+            match txn.get(row, col::RAW).await? {
+                Some(raw) => {
+                    let (mut old, old_body) = model::decode_raw(&raw)
+                        .map_err(|e| IndexError::corrupt(format!("crawl:raw of {url}"), e))?;
+                    if (old.depth, old.hops) != (want.depth, want.hops) {
+                        (old.depth, old.hops) = (want.depth, want.hops);
+                        write_raw(txn, row, &old, &old_body)
+                    } else {
+                        last
+                    }
+                }
+                None => write_raw(txn, row, &head, &body),
+            }
+        } else {
+            let print = fingerprint(&head, &body);
+            if state.as_ref().is_some_and(|s| s.written == print) {
+                print
+            } else {
+                write_raw(txn, row, &head, &body)
+            }
+        };
+        let changed = state.as_ref().is_none_or(|s| s.written != written);
+        if not_modified {
+            validators = asked;
+        }
+        let now = txn.client().clock().now_ms();
+        let interval_s = self.recrawl.next(state.as_ref().map(|s| s.interval_s), changed);
+        let next_ms = now.saturating_add(interval_s.saturating_mul(1000));
+        if let Some(s) = &state {
+            txn.delete(model::due_row(s.next_ms, url.as_str()), Bytes::from_static(col::DUE));
+        }
+        txn.set(model::due_row(next_ms, url.as_str()), Bytes::from_static(col::DUE), Bytes::new());
+        let (was_changed, was_unchanged) =
+            state.as_ref().map_or((0, 0), |s| (s.changed, s.unchanged));
+        let new_state = FetchState {
+            last_ms: now,
+            next_ms,
+            interval_s,
+            etag: validators.etag,
+            last_modified: validators.last_modified,
+            written,
+            changed: was_changed + u32::from(changed && state.is_some()),
+            unchanged: was_unchanged + u32::from(!changed),
+        };
+        txn.set(
+            row.clone(),
+            Bytes::from_static(col::FETCH_STATE),
+            serde_json::to_vec(&new_state).expect("serializable"),
+        );
         Ok(())
     }
+}
+
+/// blake3 (hex) of a raw head and body: what a fetch would write.
+fn fingerprint(head: &RawHead, body: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(&serde_json::to_vec(head).expect("serializable"));
+    h.update(b"\n");
+    h.update(body);
+    h.finalize().to_hex().to_string()
+}
+
+/// Writes `crawl:raw`; its fingerprint.
+fn write_raw(txn: &mut Transaction, row: &Bytes, head: &RawHead, body: &Bytes) -> String {
+    txn.set(row.clone(), Bytes::from_static(col::RAW), model::encode_raw(head, body));
+    fingerprint(head, body)
 }

@@ -41,17 +41,28 @@ use perc_crawl::Source;
 use perc_notify::{NotifyKind, ObserverError, Registry, RegistryError};
 use perc_txn::TxnError;
 
-pub use load::{known_urls, load_recorded, refetch, seed, seed_more};
+pub use load::{known_urls, load_recorded, recrawl_due, refetch, seed, seed_more};
 pub use query::{
     canonical, export, export_each, page_count, page_info, report, report_since, PageInfo, Report,
 };
 
 use model::col;
 
-/// Every observer of the pipeline, fetching through `source`.
+/// Every observer of the pipeline, fetching through `source`, with the default recrawl
+/// intervals.
 pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
+    registry_with(source, model::Recrawl::default())
+}
+
+/// Every observer of the pipeline, fetching through `source`; fetches schedule the next
+/// by `recrawl`.
+pub fn registry_with(
+    source: Arc<dyn Source>,
+    recrawl: model::Recrawl,
+) -> Result<Registry, RegistryError> {
     let mut r = Registry::new();
-    r.register("fetch", col::WANT, NotifyKind::Strong, Arc::new(fetch::Fetch { source }))?;
+    let fetch = fetch::Fetch { source, recrawl };
+    r.register("fetch", col::WANT, NotifyKind::Strong, Arc::new(fetch))?;
     r.register("parse", col::RAW, NotifyKind::Strong, Arc::new(parse::Parse))?;
     r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
     r.register("indegree", col::INDEG_DIRTY, NotifyKind::Weak, Arc::new(indegree::InDegree))?;

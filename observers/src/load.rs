@@ -78,6 +78,37 @@ pub async fn seed_more(
     Ok(())
 }
 
+/// Asks again for the URLs whose next fetch is due at `now_ms` (the due-time index written
+/// by fetch), at most `limit` of them, in one transaction: each due row is deleted and the
+/// URL's want gets a new generation (its fetch writes the next due row). Returns how many.
+pub async fn recrawl_due(client: &Client, now_ms: u64, limit: usize) -> Result<usize, IndexError> {
+    client
+        .retrying(async |c| {
+            let mut t = c.begin().await?;
+            let gen = t.start_ts().0;
+            let (start, end) = model::due_until(now_ms);
+            let due = t.scan(&start, &end, col::DUE).await?;
+            let mut n = 0;
+            for (row, _) in due.into_iter().take(limit) {
+                t.delete(row.clone(), Bytes::from_static(col::DUE));
+                let Some(url) = model::child_key(&row) else { continue };
+                let page = model::page(url);
+                if let Some(mut want) = model::get_json::<Want>(&t, &page, col::WANT).await? {
+                    want.gen = gen;
+                    t.set(
+                        page,
+                        Bytes::from_static(col::WANT),
+                        serde_json::to_vec(&want).expect("serializable"),
+                    );
+                    n += 1;
+                }
+            }
+            t.commit().await?;
+            Ok::<_, IndexError>(n)
+        })
+        .await
+}
+
 /// Fetches known pages again (their want gets a new generation, keeping its depth). Returns
 /// the URLs that are not known.
 pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, IndexError> {

@@ -34,19 +34,6 @@ fn refetch_equals_fresh_crawl(
     v2_fresh
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 #[test]
 fn crawl_matches_golden_and_replay_matches_crawl() {
     let tmp = tempfile::tempdir().unwrap();
@@ -137,7 +124,7 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
 fn refetch_after_a_change_set_equals_a_fresh_crawl() {
     let tmp = tempfile::tempdir().unwrap();
     let web = tmp.path().join("web");
-    copy_dir(&root().join("fixtures/sites/demo"), &web);
+    common::copy_dir(&root().join("fixtures/sites/demo"), &web);
     let site = Site::start(&web);
     let s = seeds(tmp.path(), &[site.base()]);
     let incremental = tmp.path().join("incremental");
@@ -146,7 +133,7 @@ fn refetch_after_a_change_set_equals_a_fresh_crawl() {
 
     // The change set: files replaced or added, and `_deleted` listing files removed.
     let changes = root().join("fixtures/changes/v2");
-    copy_dir(&changes, &web);
+    common::copy_dir(&changes, &web);
     let deleted = std::fs::read_to_string(web.join("_deleted")).unwrap();
     let mut changed: Vec<String> = Vec::new();
     for f in deleted.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {

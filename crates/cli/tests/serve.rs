@@ -248,3 +248,60 @@ fn seeds_and_refetches_are_posted_with_the_token() {
     assert_eq!(again.post("/v1/refetch", t, r#"{"all": true}"#).0, 202);
     assert_eq!(again.terminate(), Some(0));
 }
+
+#[test]
+fn the_recrawl_picks_up_a_changed_site_and_a_restart_keeps_the_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let web = tmp.path().join("web");
+    common::copy_dir(&root().join("fixtures/sites/demo"), &web);
+    let site = Site::start(&web);
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("data");
+    // Every URL due again after a second, at most two.
+    let fast = [
+        "--set",
+        "recrawl.interval_s=1",
+        "--set",
+        "recrawl.min_interval_s=1",
+        "--set",
+        "recrawl.max_interval_s=2",
+        "--set",
+        "recrawl.tick_ms=100",
+    ];
+    let mut args = vec!["--seeds", s.to_str().unwrap()];
+    args.extend(fast);
+    let server = Server::start(&data, &args);
+    let golden =
+        |name: &str| std::fs::read_to_string(root().join("fixtures/golden").join(name)).unwrap();
+    let export =
+        |server: &Server| server.get("/v1/export").1.replace(&site.base(), "http://demo.test/");
+    let v1 = server.until("the demo's 17 pages", |s| s["pages"] == 17 && s["pending"] == 0);
+    assert_eq!(export(&server), golden("demo.jsonl"));
+
+    // Unchanged pages are fetched again, and nothing after fetch runs for them.
+    let runs = |s: &serde_json::Value, o: &str| s["observers"][o]["runs"].as_u64().unwrap_or(0);
+    let (fetches, parses) = (runs(&v1, "fetch"), runs(&v1, "parse"));
+    let again = server.until("every URL fetched again", |s| runs(s, "fetch") >= fetches + 24);
+    assert_eq!(runs(&again, "parse"), parses, "an unchanged page is not parsed again: {again}");
+
+    // The site changes: the recrawl finds it, and the index becomes a fresh crawl's of it.
+    common::apply_v2(&web);
+    let want = golden("demo-v2.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while export(&server) != want {
+        assert!(
+            Instant::now() < deadline,
+            "a minute and the recrawl has not caught up:\n{}",
+            export(&server)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let page = server.json(&format!("/v1/page?url={}", q(&site.url("products/widget-care.html"))));
+    assert_eq!(page["near_duplicates"], serde_json::json!([]), "{page}");
+    assert_eq!(server.terminate(), Some(0));
+
+    // A restart serves the same index at once.
+    let again = Server::start(&data, &fast);
+    assert_eq!(export(&again), want);
+    assert_eq!(again.terminate(), Some(0));
+}

@@ -42,6 +42,16 @@ pub struct Received {
 }
 
 impl Response {
+    /// The `ETag` and `Last-Modified` it was received with, for a conditional refetch.
+    pub fn validators(&self) -> Validators {
+        let field = |name: &str| {
+            let head = self.received.as_ref()?;
+            let (_, v) = head.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))?;
+            std::str::from_utf8(v).ok().map(|v| v.trim().to_string())
+        };
+        Validators { etag: field("etag"), last_modified: field("last-modified") }
+    }
+
     pub fn is_html(&self) -> bool {
         matches!(self.content_type.as_deref(), Some("text/html") | Some("application/xhtml+xml"))
     }
@@ -89,7 +99,21 @@ pub enum FetchError {
 
 #[async_trait]
 pub trait Fetcher: Send + Sync + 'static {
-    async fn fetch(&self, url: &Url) -> Result<Response, FetchError>;
+    /// Fetches `url`, conditionally when `validators` has any (a 304 answers an unchanged
+    /// page: status 304, no body).
+    async fn fetch_if(&self, url: &Url, validators: &Validators) -> Result<Response, FetchError>;
+
+    async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
+        self.fetch_if(url, &Validators::default()).await
+    }
+}
+
+/// What a refetch sends to be answered 304 if nothing changed: the `ETag` and the
+/// `Last-Modified` the last response had.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Validators {
+    pub etag: Option<String>,
+    pub last_modified: Option<String>,
 }
 
 /// Limits of one fetch; each a config key.
@@ -144,13 +168,15 @@ fn classify(url: &Url, e: reqwest::Error, limits: &FetchLimits) -> FetchError {
 
 #[async_trait]
 impl Fetcher for HttpFetcher {
-    async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
-        let mut resp = self
-            .client
-            .get(url.clone())
-            .send()
-            .await
-            .map_err(|e| classify(url, e, &self.limits))?;
+    async fn fetch_if(&self, url: &Url, v: &Validators) -> Result<Response, FetchError> {
+        let mut request = self.client.get(url.clone());
+        if let Some(etag) = &v.etag {
+            request = request.header(reqwest::header::IF_NONE_MATCH, etag);
+        }
+        if let Some(date) = &v.last_modified {
+            request = request.header(reqwest::header::IF_MODIFIED_SINCE, date);
+        }
+        let mut resp = request.send().await.map_err(|e| classify(url, e, &self.limits))?;
         let headers = resp.headers();
         let header = |name: reqwest::header::HeaderName| {
             headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
@@ -299,7 +325,7 @@ impl<F: Fetcher> Polite<F> {
 
 #[async_trait]
 impl<F: Fetcher> Fetcher for Polite<F> {
-    async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
+    async fn fetch_if(&self, url: &Url, v: &Validators) -> Result<Response, FetchError> {
         let host = self.host(url);
         let _host_permit = host.permits.acquire().await.expect("semaphore never closed");
         let slot = host.slot.lock().await;
@@ -317,7 +343,7 @@ impl<F: Fetcher> Fetcher for Polite<F> {
         };
         let result = {
             let _permit = self.global.acquire().await.expect("semaphore never closed");
-            self.inner.fetch(url).await
+            self.inner.fetch_if(url, v).await
         };
         host.count(result.as_ref().map_or(true, |r| r.status >= 400));
         let mut slot = match held {

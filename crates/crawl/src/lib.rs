@@ -15,7 +15,7 @@ pub mod warc;
 
 pub use fetch::{
     FetchError, FetchLimits, Fetcher, HostCount, HttpFetcher, Polite, PolitenessConfig, Received,
-    Response,
+    Response, Validators,
 };
 pub use parse::{content_hash, decode, parse, parse_for_index, Link, ParsedPage, Refresh};
 pub use robots::{RobotsCache, Verdict};

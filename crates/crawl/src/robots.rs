@@ -163,7 +163,11 @@ mod tests {
 
     #[async_trait]
     impl Fetcher for Fake {
-        async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
+        async fn fetch_if(
+            &self,
+            url: &Url,
+            _: &crate::fetch::Validators,
+        ) -> Result<Response, FetchError> {
             self.2.fetch_add(1, Ordering::SeqCst);
             // Slow enough that concurrent checks overlap.
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use url::Url;
 
-use crate::fetch::{FetchError, Fetcher, Polite, Response};
+use crate::fetch::{FetchError, Fetcher, Polite, Response, Validators};
 use crate::robots::{RobotsCache, Verdict};
 use crate::warc::Recorder;
 
@@ -27,6 +27,12 @@ pub enum Fetched {
 pub trait Source: Send + Sync + 'static {
     async fn get(&self, url: &Url) -> Fetched;
 
+    /// A refetch, conditional on `validators` where the source can (a 304 answers an
+    /// unchanged page); a source that cannot fetches as [`Source::get`] does.
+    async fn get_if(&self, url: &Url, _validators: &Validators) -> Fetched {
+        self.get(url).await
+    }
+
     /// The sitemaps that the robots.txt of `url`'s origin names (its `Sitemap:` lines), as
     /// written there; none for a source that reads no robots.txt.
     async fn sitemaps_of(&self, _url: &Url) -> Vec<String> {
@@ -42,8 +48,8 @@ pub trait Source: Send + Sync + 'static {
 
 #[async_trait]
 impl<F: Fetcher + ?Sized> Fetcher for Arc<F> {
-    async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
-        (**self).fetch(url).await
+    async fn fetch_if(&self, url: &Url, v: &Validators) -> Result<Response, FetchError> {
+        (**self).fetch_if(url, v).await
     }
 }
 
@@ -62,6 +68,10 @@ impl<F: Fetcher> Crawler<F> {
 #[async_trait]
 impl<F: Fetcher> Source for Crawler<F> {
     async fn get(&self, url: &Url) -> Fetched {
+        self.get_if(url, &Validators::default()).await
+    }
+
+    async fn get_if(&self, url: &Url, validators: &Validators) -> Fetched {
         match self.robots.check(url).await {
             Verdict::Disallowed => return Fetched::Disallowed,
             Verdict::Unreachable(why) => {
@@ -76,7 +86,7 @@ impl<F: Fetcher> Source for Crawler<F> {
                 }
             }
         }
-        match self.fetcher.fetch(url).await {
+        match self.fetcher.fetch_if(url, validators).await {
             Ok(r) => Fetched::Response(r),
             Err(e) => Fetched::Failed(e.to_string()),
         }
@@ -114,6 +124,10 @@ impl Budget {
 #[async_trait]
 impl Source for Budget {
     async fn get(&self, url: &Url) -> Fetched {
+        self.get_if(url, &Validators::default()).await
+    }
+
+    async fn get_if(&self, url: &Url, validators: &Validators) -> Fetched {
         let granted = self
             .left
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -124,7 +138,7 @@ impl Source for Budget {
                 self.max
             ));
         }
-        self.inner.get(url).await
+        self.inner.get_if(url, validators).await
     }
 
     async fn sitemaps_of(&self, url: &Url) -> Vec<String> {
@@ -152,8 +166,8 @@ impl<F: Fetcher> Recording<F> {
 
 #[async_trait]
 impl<F: Fetcher> Fetcher for Recording<F> {
-    async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
-        let r = self.inner.fetch(url).await?;
+    async fn fetch_if(&self, url: &Url, v: &Validators) -> Result<Response, FetchError> {
+        let r = self.inner.fetch_if(url, v).await?;
         let mut rec = self.recorder.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = rec.record(url, &self.user_agent, &r) {
             tracing::error!(file = %rec.path().display(), error = %e, "cannot write the WARC");

@@ -33,7 +33,31 @@ pub struct Config {
     pub crawl: Crawl,
     pub workers: perc_notify::NotifyConfig,
     pub txn: Txn,
+    pub recrawl: Recrawl,
     pub serve: Serve,
+}
+
+/// When a fetched URL is fetched again by `perc serve` (docs/serve.md, "Recrawl").
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recrawl {
+    /// The first interval, and its bounds: a change halves it, none doubles it.
+    pub interval_s: u64,
+    pub min_interval_s: u64,
+    pub max_interval_s: u64,
+    /// How often the scheduler looks for URLs that are due, and the most it asks for at once.
+    pub tick_ms: u64,
+    pub batch: u64,
+}
+
+impl Recrawl {
+    pub fn intervals(&self) -> perc_observers::model::Recrawl {
+        perc_observers::model::Recrawl {
+            interval_s: self.interval_s,
+            min_interval_s: self.min_interval_s,
+            max_interval_s: self.max_interval_s,
+        }
+    }
 }
 
 /// `perc serve`: where it listens and what it accepts (docs/serve.md).
@@ -267,6 +291,11 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("txn.lock_ttl_ms", 100, i64::MAX),
     ("txn.liveness_ttl_ms", 100, i64::MAX),
     ("oracle.block", 1, i64::MAX),
+    ("recrawl.interval_s", 1, i64::MAX),
+    ("recrawl.min_interval_s", 1, i64::MAX),
+    ("recrawl.max_interval_s", 1, i64::MAX),
+    ("recrawl.tick_ms", 1, i64::MAX),
+    ("recrawl.batch", 1, 1_000_000),
     ("serve.body_bytes_max", 1024, 1 << 30),
     ("serve.request_timeout_ms", 1, i64::MAX),
     ("serve.shutdown_ms", 0, i64::MAX),

@@ -540,6 +540,14 @@ impl Pipeline {
         Ok(outside)
     }
 
+    /// Asks again for the URLs that are due for a recrawl now (at most `recrawl.batch`),
+    /// without waiting; how many.
+    pub async fn recrawl_due(&self) -> Result<usize> {
+        let now = self.client.clock().now_ms();
+        let limit = usize::try_from(self.config.recrawl.batch).unwrap_or(usize::MAX);
+        Ok(perc_observers::recrawl_due(&self.client, now, limit).await?)
+    }
+
     /// The configuration it was opened with.
     pub fn config(&self) -> &Config {
         &self.config

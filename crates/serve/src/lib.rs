@@ -1,5 +1,6 @@
 //! `perc serve`: the index as a long-running service (docs/serve.md). The observers run as
-//! in `perc worker`, and an HTTP server answers questions about the index while it changes:
+//! in `perc worker`, a scheduler asks for every fetched URL again when it is due (the
+//! recrawl), and an HTTP server answers questions about the index while it changes:
 //! every answer is a [`Pipeline`] call, the same one the CLI makes, so the two cannot
 //! disagree.
 //!
@@ -119,7 +120,7 @@ pub async fn run(
             _ = stop_then(grace, &stopping) => Ok(()),
         }
     };
-    let (worked, served) = tokio::join!(app.work(&stop), server);
+    let (worked, served, ()) = tokio::join!(app.work(&stop), server, recrawl(&app, &stop));
     if let Some(f) = address_file {
         let _ = std::fs::remove_file(f);
     }
@@ -129,6 +130,23 @@ pub async fn run(
     }
     worked?;
     served.map_err(io("the HTTP server failed"))
+}
+
+/// The recrawl scheduler: every `recrawl.tick_ms`, asks again for the URLs that are due
+/// (the fetch observer reschedules each). An error is logged and tried again next tick.
+async fn recrawl(app: &Pipeline, stop: &CancellationToken) {
+    let tick = Duration::from_millis(app.config().recrawl.tick_ms);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        match app.recrawl_due().await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!("recrawl: {n} URLs due"),
+            Err(e) => tracing::warn!(error = %e, "recrawl: cannot ask for the due URLs"),
+        }
+    }
 }
 
 /// Returns `grace` after `stop` is cancelled.

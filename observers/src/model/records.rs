@@ -30,6 +30,55 @@ pub struct RawHead {
     pub zstd_of: Option<u64>,
 }
 
+/// A fetched URL's recrawl state (`crawl:state`), written by every fetch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchState {
+    /// When it was last fetched, and when it is due again (ms since the epoch).
+    pub last_ms: u64,
+    pub next_ms: u64,
+    /// The interval that set `next_ms`: doubled by an unchanged fetch, halved by a change.
+    pub interval_s: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_modified: Option<String>,
+    /// blake3 (hex) of the `crawl:raw` head and body it last wrote: a fetch that would write
+    /// the same writes nothing (no new version, no parse run).
+    pub written: String,
+    /// Fetches so far that found a change, and that found none.
+    pub changed: u32,
+    pub unchanged: u32,
+}
+
+/// The recrawl's intervals (`[recrawl]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recrawl {
+    pub interval_s: u64,
+    pub min_interval_s: u64,
+    pub max_interval_s: u64,
+}
+
+impl Default for Recrawl {
+    fn default() -> Recrawl {
+        Recrawl { interval_s: 86_400, min_interval_s: 3_600, max_interval_s: 30 * 86_400 }
+    }
+}
+
+impl Recrawl {
+    /// The next interval after a fetch: the first, or the last one halved by a change or
+    /// doubled by none, within the bounds.
+    pub fn next(&self, last: Option<u64>, changed: bool) -> u64 {
+        let (lo, hi) =
+            (self.min_interval_s.max(1), self.max_interval_s.max(self.min_interval_s.max(1)));
+        match last {
+            None => self.interval_s,
+            Some(i) if changed => i / 2,
+            Some(i) => i.saturating_mul(2),
+        }
+        .clamp(lo, hi)
+    }
+}
+
 /// The zstd level bodies are stored at: most of zstd's ratio on HTML at a few hundred MB/s.
 const BODY_ZSTD_LEVEL: i32 = 3;
 

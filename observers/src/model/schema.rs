@@ -48,6 +48,8 @@
 //!                                       for each cluster whose simhash
 //!                                       has this block, b = 0..3,
 //!                                       block = bits 16b..16b+15 (hex)
+//!   n:<ms>\0<url>          crawl:due    (due for a recrawl at ms, 16   fetch (and the
+//!                                       hex digits: time order)         scheduler's delete)
 //!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
 //! ```
 //!
@@ -65,6 +67,8 @@ use bytes::Bytes;
 pub mod col {
     pub const WANT: &[u8] = b"crawl:want";
     pub const RAW: &[u8] = b"crawl:raw";
+    pub const FETCH_STATE: &[u8] = b"crawl:state";
+    pub const DUE: &[u8] = b"crawl:due";
     pub const META: &[u8] = b"page:meta";
     pub const LINKS: &[u8] = b"page:links";
     pub const FOLLOW: &[u8] = b"page:follow";
@@ -150,6 +154,16 @@ pub fn child_key(row: &[u8]) -> Option<&str> {
 
 pub fn redirect_in(target: &str, source: &str) -> Bytes {
     Bytes::from(format!("r:{target}\0{source}"))
+}
+
+/// The recrawl's due-time index row of `url`, due at `ms` (ordered by time).
+pub fn due_row(ms: u64, url: &str) -> Bytes {
+    Bytes::from(format!("n:{ms:016x}\0{url}"))
+}
+
+/// The due rows' range up to and including `ms`.
+pub fn due_until(ms: u64) -> (Vec<u8>, Vec<u8>) {
+    (b"n:".to_vec(), format!("n:{ms:016x}\u{1}").into_bytes())
 }
 
 pub fn cluster_head(hash: &str) -> Bytes {

@@ -115,3 +115,31 @@ pub fn warcio_check(warc: &Path) -> (usize, usize) {
     assert_eq!(report.lines().filter(|l| l.ends_with(" revisit")).count(), revisits, "{report}");
     (responses, revisits)
 }
+
+/// Copies the directory `from` into `to`, recursively.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Applies the demo's v2 change set to the copy of the site in `web`: its files replace or
+/// join the site's, and the files `_deleted` lists are removed. The changed files' paths.
+pub fn apply_v2(web: &Path) -> Vec<String> {
+    let changes = root().join("fixtures/changes/v2");
+    copy_dir(&changes, web);
+    let deleted = std::fs::read_to_string(web.join("_deleted")).unwrap();
+    let mut changed = Vec::new();
+    for f in deleted.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        std::fs::remove_file(web.join(f)).unwrap();
+        changed.push(f.to_string());
+    }
+    changed
+}
