@@ -519,7 +519,9 @@ fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
 ///
 /// A refetch whose payload is the same as the URL's last capture in this file (this run's,
 /// or an earlier run's when appending) is a `revisit` record of the identical-payload-digest
-/// profile, as Heritrix writes them: the HTTP head only, `WARC-Refers-To` the capture.
+/// profile, as Heritrix writes them: the HTTP head only, `WARC-Refers-To` the capture. A 304
+/// (the answer to a conditional refetch) with a capture to refer to is a revisit of the
+/// server-not-modified profile, which reads back as that capture.
 pub struct Recorder {
     out: File,
     path: PathBuf,
@@ -539,6 +541,10 @@ struct Capture {
 /// The profile of a revisit record whose payload is the one its original holds (WARC 1.0,
 /// the version the records are written in).
 const IDENTICAL_PAYLOAD: &str = "http://netpreserve.org/warc/1.0/revisit/identical-payload-digest";
+
+/// The profile of a revisit record of a 304: the server said the capture it refers to is
+/// still current.
+const NOT_MODIFIED: &str = "http://netpreserve.org/warc/1.0/revisit/server-not-modified";
 
 /// `sha1:` and the base32 SHA-1 of `bytes`.
 fn digest(bytes: &[u8]) -> String {
@@ -665,18 +671,23 @@ impl Recorder {
             .header(WarcHeader::ContentType, "application/http; msgtype=response")
             .header(WarcHeader::ConcurrentTo, request_id);
         let previous = self.last.get(url.as_str()).cloned();
-        if let Some(capture) = previous.filter(|c| c.digest == payload && !response.body.is_empty())
+        // A 304 answers a conditional refetch: the last capture stands (server-not-modified).
+        let not_modified = response.status == 304;
+        if let Some(capture) =
+            previous.filter(|c| not_modified || (c.digest == payload && !response.body.is_empty()))
         {
+            let profile = if not_modified { NOT_MODIFIED } else { IDENTICAL_PAYLOAD };
             let mut revisit = response_record
                 .warc_type(RecordType::Revisit)
-                .header(WarcHeader::Profile, IDENTICAL_PAYLOAD)
+                .header(WarcHeader::Profile, profile)
                 .header(WarcHeader::RefersTo, capture.id.clone())
                 .header(WarcHeader::Unknown("WARC-Refers-To-Target-URI".into()), url.as_str());
             if let Some(date) = &capture.date {
                 revisit =
                     revisit.header(WarcHeader::Unknown("WARC-Refers-To-Date".into()), date.clone());
             }
-            self.member(url, revisit, http, Some(payload))?;
+            let digest = if not_modified { None } else { Some(payload) };
+            self.member(url, revisit, http, digest)?;
             return Ok(());
         }
         let mut block = http;
@@ -944,6 +955,35 @@ mod tests {
             ]
         );
         assert_eq!(got[6].response.location, Some(u("a")));
+    }
+
+    #[test]
+    fn a_304_is_a_not_modified_revisit_that_reads_back_as_the_capture() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crawl.warc.gz");
+        let (a, b) =
+            (Url::parse("http://h.test/a").unwrap(), Url::parse("http://h.test/b").unwrap());
+        let mut rec = Recorder::create(&path, false).unwrap();
+        rec.record(&a, "perc", &resp(200, "<p>a</p>")).unwrap();
+        rec.record(&a, "perc", &resp(304, "")).unwrap();
+        // Nothing to refer to: recorded as it came.
+        rec.record(&b, "perc", &resp(304, "")).unwrap();
+        rec.finish().unwrap();
+        let records = records_of(&path);
+        let revisit = records.iter().find(|r| *r.warc_type() == RecordType::Revisit).unwrap();
+        assert_eq!(revisit.header(WarcHeader::Profile).unwrap(), NOT_MODIFIED);
+        assert!(revisit.header(WarcHeader::PayloadDigest).is_none());
+        assert!(String::from_utf8_lossy(revisit.body()).starts_with("HTTP/1.1 304 Not Modified"));
+        let (got, issues) = read(&path, 1 << 20).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        let seen: Vec<(&str, u16, &[u8])> = got
+            .iter()
+            .map(|r| (r.url.path(), r.response.status, r.response.body.as_ref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [("/a", 200, b"<p>a</p>".as_ref()), ("/a", 200, b"<p>a</p>"), ("/b", 304, b"")]
+        );
     }
 
     #[test]

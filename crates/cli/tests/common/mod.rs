@@ -59,6 +59,10 @@ impl Site {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base())
     }
+    /// Requests it answered 304.
+    pub fn not_modified(&self) -> u64 {
+        self.served.not_modified()
+    }
 }
 
 pub fn export(data: &Path, out: &Path) -> String {
