@@ -878,6 +878,16 @@ mod tests {
         assert_eq!(got[0].response.charset.as_deref(), Some("utf-8"));
     }
 
+    /// Where each gzip member of a `.warc.gz` starts.
+    fn member_starts(bytes: &[u8]) -> Vec<usize> {
+        bytes
+            .windows(3)
+            .enumerate()
+            .filter(|(_, w)| *w == b"\x1f\x8b\x08")
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// The records of a gzipped WARC, parsed, with their block digests checked.
     fn records_of(path: &Path) -> Vec<Record<warc::BufferedBody>> {
         let mut raw = Vec::new();
@@ -998,12 +1008,7 @@ mod tests {
         rec.finish().unwrap();
         // Drop the first response's member (members: warcinfo, request, response, ...).
         let bytes = std::fs::read(&path).unwrap();
-        let starts: Vec<usize> = bytes
-            .windows(3)
-            .enumerate()
-            .filter(|(_, w)| *w == b"\x1f\x8b\x08")
-            .map(|(i, _)| i)
-            .collect();
+        let starts = member_starts(&bytes);
         let mut cut = bytes[..starts[2]].to_vec();
         cut.extend_from_slice(&bytes[starts[3]..]);
         std::fs::write(&path, &cut).unwrap();
@@ -1156,12 +1161,7 @@ mod tests {
         // Corrupt p2's response member's compressed bytes (after the warcinfo, members
         // alternate request, response).
         let mut bytes = std::fs::read(&path).unwrap();
-        let starts: Vec<usize> = bytes
-            .windows(3)
-            .enumerate()
-            .filter(|(_, w)| *w == b"\x1f\x8b\x08")
-            .map(|(i, _)| i)
-            .collect();
+        let starts = member_starts(&bytes);
         let victim = starts[6]; // the response record of p2
         for b in &mut bytes[victim + 20..victim + 40] {
             *b ^= 0x5a;
