@@ -43,7 +43,8 @@ use perc_txn::TxnError;
 
 pub use load::{known_urls, load_recorded, recrawl_due, refetch, seed, seed_more};
 pub use query::{
-    canonical, export, export_each, page_count, page_info, report, report_since, PageInfo, Report,
+    canonical, export, export_each, fetch_state, page_count, page_info, report, report_since,
+    PageInfo, Report,
 };
 
 use model::col;

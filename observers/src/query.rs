@@ -180,6 +180,15 @@ pub enum PageInfo {
     Unknown,
 }
 
+/// The recrawl state of `url` (`crawl:state`), if it was ever fetched live.
+pub async fn fetch_state(
+    client: &Client,
+    url: &Url,
+) -> Result<Option<model::FetchState>, IndexError> {
+    let t = client.begin().await?;
+    model::get_json(&t, &model::page(url.as_str()), col::FETCH_STATE).await
+}
+
 pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, IndexError> {
     let t = client.begin().await?;
     let row = model::page(url.as_str());

@@ -418,9 +418,9 @@ async fn dispatch(
         Command::Page { url } => {
             let url = parse_url(&url)?;
             let app = existing!(config, Fetching::Offline);
-            let info = app.page(&url).await?;
+            let record = app.page_json(&url).await?;
             app.close().await?;
-            match perc_pipeline::page_record(&url, info) {
+            match record {
                 Some(record) => out!("{record}"),
                 None => {
                     say!("{url} is not known to this index");

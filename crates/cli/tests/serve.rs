@@ -300,6 +300,11 @@ fn the_recrawl_picks_up_a_changed_site_and_a_restart_keeps_the_index() {
     }
     let page = server.json(&format!("/v1/page?url={}", q(&site.url("products/widget-care.html"))));
     assert_eq!(page["near_duplicates"], serde_json::json!([]), "{page}");
+    // Its recrawl state: fetched more than once, due again within the bounds.
+    let fetch = &page["fetch"];
+    let (last, next) = (fetch["last_ms"].as_u64().unwrap(), fetch["next_ms"].as_u64().unwrap());
+    assert!(next > last && next - last <= 2000, "{page}");
+    assert!(fetch["unchanged"].as_u64() >= Some(1), "{page}");
     assert_eq!(server.terminate(), Some(0));
 
     // A restart serves the same index at once.

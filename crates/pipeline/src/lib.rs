@@ -564,6 +564,14 @@ impl Pipeline {
         Ok(perc_observers::page_info(&self.client, url).await?)
     }
 
+    /// What `perc page` prints and `GET /v1/page` answers (see [`page_record`]), with the
+    /// URL's recrawl state; `None` for a URL the index does not know.
+    pub async fn page_json(&self, url: &Url) -> Result<Option<String>> {
+        let info = self.page(url).await?;
+        let fetch = perc_observers::fetch_state(&self.client, url).await?;
+        Ok(page_record(url, info, fetch.as_ref()))
+    }
+
     /// The export, one line at a time in URL order; returns the number of lines.
     pub async fn export(&self, mut each: impl FnMut(ExportLine) -> Result<()>) -> Result<usize> {
         let mut n = 0;
@@ -714,7 +722,13 @@ impl Pipeline {
 /// the page declares that the export leaves out (its declared canonical, a delayed refresh,
 /// its simhash), or why the URL is not a page; `None` when the index does not know it.
 /// JSON text, the export line's fields in the export's order.
-pub fn page_record(url: &Url, info: PageInfo) -> Option<String> {
+/// With `fetch`, the recrawl state of a URL fetched live: `"fetch": {last_ms, next_ms,
+/// interval_s, changed, unchanged}` (times in ms since the epoch).
+pub fn page_record(
+    url: &Url,
+    info: PageInfo,
+    fetch: Option<&perc_observers::model::FetchState>,
+) -> Option<String> {
     #[derive(serde::Serialize)]
     struct Shown {
         #[serde(flatten)]
@@ -725,20 +739,34 @@ pub fn page_record(url: &Url, info: PageInfo) -> Option<String> {
         refresh: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         simhash: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        fetch: Option<serde_json::Value>,
     }
+    let fetch = fetch.map(|f| {
+        serde_json::json!({
+            "last_ms": f.last_ms, "next_ms": f.next_ms, "interval_s": f.interval_s,
+            "changed": f.changed, "unchanged": f.unchanged,
+        })
+    });
     Some(match info {
         PageInfo::Page(line, meta) => serde_json::to_string(&Shown {
             line,
             declared_canonical: meta.declared_canonical,
             refresh: meta.refresh,
             simhash: meta.simhash,
+            fetch,
         })
         .expect("serializable"),
-        PageInfo::NotAPage(meta) => serde_json::json!({
-            "url": url.as_str(), "kind": meta.kind, "reason": meta.reason,
-            "status": meta.status, "redirect_to": meta.redirect_to
-        })
-        .to_string(),
+        PageInfo::NotAPage(meta) => {
+            let mut v = serde_json::json!({
+                "url": url.as_str(), "kind": meta.kind, "reason": meta.reason,
+                "status": meta.status, "redirect_to": meta.redirect_to
+            });
+            if let Some(f) = fetch {
+                v["fetch"] = f;
+            }
+            v.to_string()
+        }
         PageInfo::Pending => serde_json::json!({
             "url": url.as_str(), "kind": "pending", "reason": "in the frontier, not fetched yet"
         })

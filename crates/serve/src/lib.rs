@@ -417,8 +417,7 @@ async fn canonical(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answe
 /// `GET /v1/page?url=U`: what `perc page` prints, or 404.
 async fn page(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     let url = url_param(q.as_deref(), s.query_bytes_max)?;
-    let info = s.app.page(&url).await?;
-    match perc_pipeline::page_record(&url, info) {
+    match s.app.page_json(&url).await? {
         Some(record) => Ok(json_text(record)),
         None => {
             Err(ApiError::new(StatusCode::NOT_FOUND, format!("{url} is not known to this index")))
