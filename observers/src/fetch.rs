@@ -52,8 +52,9 @@ impl Observer for Fetch {
         let mut head = RawHead { depth: want.depth, hops: want.hops, ..RawHead::default() };
         let mut validators = Validators::default();
         let fetched = self.source.get_if(&url, &asked).await;
-        let not_modified = state.is_some()
-            && matches!(&fetched, Fetched::Response(r) if r.status == 304 && asked != Validators::default());
+        // A 304 answers a conditional request only: validators come from a stored state.
+        let not_modified = asked != Validators::default()
+            && matches!(&fetched, Fetched::Response(r) if r.status == 304);
         let body = match fetched {
             Fetched::Response(r) => {
                 validators = r.validators();
@@ -90,11 +91,10 @@ impl Observer for Fetch {
             }
         } else {
             let print = fingerprint(&head, &body);
-            if state.as_ref().is_some_and(|s| s.written == print) {
-                print
-            } else {
-                write_raw(txn, row, &head, &body)
+            if state.as_ref().is_none_or(|s| s.written != print) {
+                txn.set(row.clone(), Bytes::from_static(col::RAW), model::encode_raw(&head, &body));
             }
+            print
         };
         let changed = state.as_ref().is_none_or(|s| s.written != written);
         if not_modified {

@@ -423,12 +423,19 @@ impl Pipeline {
     /// the frontier within `scope`, for the workers to crawl: what a crawl starts with, and
     /// what `perc serve --seeds` does without waiting for the end.
     pub async fn add_seeds(&self, seeds: &[Url], scope: &CrawlScope) -> Result<()> {
+        let wanted = self.with_sitemaps(seeds, scope).await?;
+        perc_observers::seed(&self.client, &wanted, scope).await?;
+        Ok(())
+    }
+
+    /// `seeds`, and (with `crawl.sitemaps`) the in-scope URLs of the sitemaps their
+    /// robots.txt files name.
+    async fn with_sitemaps(&self, seeds: &[Url], scope: &CrawlScope) -> Result<Vec<Url>> {
         let mut wanted = seeds.to_vec();
         if self.config.crawl.sitemaps {
             wanted.extend(self.sitemap_seeds(seeds, scope).await?);
         }
-        perc_observers::seed(&self.client, &wanted, scope).await?;
-        Ok(())
+        Ok(wanted)
     }
 
     /// The in-scope URLs of the sitemaps that the seeds' robots.txt files name, not seeds
@@ -532,10 +539,7 @@ impl Pipeline {
     /// Returns the seeds outside `prefixes` (fetched, their links not followed).
     pub async fn extend_seeds(&self, seeds: &[Url], prefixes: &[String]) -> Result<Vec<Url>> {
         let (scope, outside) = crawl_scope(&self.config, seeds, prefixes)?;
-        let mut wanted = seeds.to_vec();
-        if self.config.crawl.sitemaps {
-            wanted.extend(self.sitemap_seeds(seeds, &scope).await?);
-        }
+        let wanted = self.with_sitemaps(seeds, &scope).await?;
         perc_observers::seed_more(&self.client, &wanted, &scope).await?;
         Ok(outside)
     }
@@ -720,9 +724,8 @@ impl Pipeline {
 
 /// What `perc page` prints and `GET /v1/page` answers for `url`: the export line with what
 /// the page declares that the export leaves out (its declared canonical, a delayed refresh,
-/// its simhash), or why the URL is not a page; `None` when the index does not know it.
-/// JSON text, the export line's fields in the export's order.
-/// With `fetch`, the recrawl state of a URL fetched live: `"fetch": {last_ms, next_ms,
+/// its simhash), or why the URL is not a page, as JSON text (the export line's fields in the
+/// export's order); `None` when the index does not know it. With `fetch`, the recrawl state of a URL fetched live: `"fetch": {last_ms, next_ms,
 /// interval_s, changed, unchanged}` (times in ms since the epoch).
 pub fn page_record(
     url: &Url,
