@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{export, root, seeds, Site, PERC};
+use common::{export, root, seeds, Site};
 
 /// A small deterministic generator (splitmix64), so that every run kills at the same points.
 struct Rng(u64);
@@ -29,15 +29,7 @@ const LONG_TTLS: [&str; 4] =
     ["--set", "txn.lock_ttl_ms=600000", "--set", "txn.liveness_ttl_ms=600000"];
 
 fn command(data: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(PERC);
-    c.arg("--config")
-        .arg(root().join("config/test.toml"))
-        .arg("--data")
-        .arg(data)
-        .args(LONG_TTLS)
-        .args(args)
-        .env_remove("RUST_LOG");
-    c
+    common::command(data, &[&LONG_TTLS[..], args].concat())
 }
 
 /// Runs `cmd` to its end, failing the test if it runs longer than `limit`. Its output goes

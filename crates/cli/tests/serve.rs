@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{root, seeds, Site, PERC};
+use common::{root, seeds, Site};
 
 /// A `perc serve` child process and where it listens.
 struct Server {
@@ -21,14 +21,8 @@ impl Server {
     /// Starts `perc serve` on `data` with `args`, on a free loopback port; returns once it
     /// says where it listens.
     fn start(data: &Path, args: &[&str]) -> Server {
-        let mut child = Command::new(PERC)
-            .arg("--config")
-            .arg(root().join("config/test.toml"))
-            .arg("--data")
-            .arg(data)
-            .args(["--set", "serve.body_bytes_max=4096", "serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env_remove("RUST_LOG")
+        let serve = ["--set", "serve.body_bytes_max=4096", "serve", "--listen", "127.0.0.1:0"];
+        let mut child = common::command(data, &[&serve[..], args].concat())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -60,11 +54,7 @@ impl Server {
 
     /// GET `path`, which must fail with `status` and a JSON error containing `says`.
     fn fails(&self, path: &str, status: u16, says: &str) {
-        let (got, body) = self.get(path);
-        assert_eq!(got, status, "{path}: {body}");
-        let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
-        let message = v["error"].as_str().unwrap_or_else(|| panic!("{path}: {body}"));
-        assert!(message.contains(says), "{path}: {message}");
+        refused(path, self.get(path), status, says);
     }
 
     /// Polls `/v1/status` until `done` says so (or fails after a minute).
@@ -92,11 +82,7 @@ impl Server {
 
     /// POST that must fail with `status` and a JSON error containing `says`.
     fn post_fails(&self, path: &str, token: Option<&str>, body: &str, status: u16, says: &str) {
-        let (got, text) = self.post(path, token, body);
-        assert_eq!(got, status, "{path} {body}: {text}");
-        let v: serde_json::Value = serde_json::from_str(&text).expect("a JSON error");
-        let message = v["error"].as_str().unwrap_or_else(|| panic!("{path}: {text}"));
-        assert!(message.contains(says), "{path} {body}: {message}");
+        refused(&format!("POST {path} {body}"), self.post(path, token, body), status, says);
     }
 
     /// SIGTERM, then the exit code.
@@ -105,6 +91,15 @@ impl Server {
         assert!(sent.unwrap().success());
         self.child.wait().unwrap().code()
     }
+}
+
+/// `answer` (status, body) to `what` must be `status` with a JSON error containing `says`.
+fn refused(what: &str, answer: (u16, String), status: u16, says: &str) {
+    let (got, body) = answer;
+    assert_eq!(got, status, "{what}: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
+    let message = v["error"].as_str().unwrap_or_else(|| panic!("{what}: {body}"));
+    assert!(message.contains(says), "{what}: {message}");
 }
 
 fn q(url: &str) -> String {

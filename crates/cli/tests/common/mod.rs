@@ -26,15 +26,19 @@ pub fn ok(out: &Output) -> String {
 
 /// Runs perc on the store `data` with the test configuration.
 pub fn perc(data: &Path, args: &[&str]) -> Output {
-    Command::new(PERC)
-        .arg("--config")
+    command(data, args).output().expect("run perc")
+}
+
+/// perc on the store `data` with the test configuration and `args`, not started yet.
+pub fn command(data: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(PERC);
+    c.arg("--config")
         .arg(root().join("config/test.toml"))
         .arg("--data")
         .arg(data)
         .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run perc")
+        .env_remove("RUST_LOG");
+    c
 }
 
 /// Serves `dir` for the duration of a test.
