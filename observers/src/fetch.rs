@@ -7,7 +7,7 @@
 //!   last fetch wrote: a refetch answered 304 (it is conditional on the last `ETag` and
 //!   `Last-Modified`) or with the same head and body writes no new version and runs no
 //!   observer after it. Then the fetch state (when, the validators, the interval: halved
-//!   by a change, doubled by none, within `[recrawl]`'s bounds) and the URL's row in the
+//!   by a change, doubled by none, within the bounds `[recrawl]` gives the URL) and the URL's row in the
 //!   due-time index (`n:<next fetch ms>\0<url>`, which `perc serve`'s scheduler reads).
 //! - Notifies: parse, through `crawl:raw`.
 //! - Twice is harmless: it fetches the page again and writes what it got; parse and all after
@@ -23,11 +23,11 @@ use perc_crawl::{Fetched, Source, Validators};
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col, FetchState, RawHead, Recrawl, Want};
+use crate::model::{self, col, FetchState, RawHead, Schedule, Want};
 
 pub struct Fetch {
     pub source: Arc<dyn Source>,
-    pub recrawl: Recrawl,
+    pub schedule: Schedule,
 }
 
 #[async_trait]
@@ -101,7 +101,8 @@ impl Observer for Fetch {
             validators = asked;
         }
         let now = txn.client().clock().now_ms();
-        let interval_s = self.recrawl.next(state.as_ref().map(|s| s.interval_s), changed);
+        let interval_s =
+            self.schedule.for_url(&url).next(state.as_ref().map(|s| s.interval_s), changed);
         let next_ms = now.saturating_add(interval_s.saturating_mul(1000));
         if let Some(s) = &state {
             txn.delete(model::due_row(s.next_ms, url.as_str()), Bytes::from_static(col::DUE));

@@ -52,17 +52,17 @@ use model::col;
 /// Every observer of the pipeline, fetching through `source`, with the default recrawl
 /// intervals.
 pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
-    registry_with(source, model::Recrawl::default())
+    registry_with(source, model::Schedule::default())
 }
 
 /// Every observer of the pipeline, fetching through `source`; fetches schedule the next
-/// by `recrawl`.
+/// by `schedule`.
 pub fn registry_with(
     source: Arc<dyn Source>,
-    recrawl: model::Recrawl,
+    schedule: model::Schedule,
 ) -> Result<Registry, RegistryError> {
     let mut r = Registry::new();
-    let fetch = fetch::Fetch { source, recrawl };
+    let fetch = fetch::Fetch { source, schedule };
     r.register("fetch", col::WANT, NotifyKind::Strong, Arc::new(fetch))?;
     r.register("parse", col::RAW, NotifyKind::Strong, Arc::new(parse::Parse))?;
     r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;

@@ -41,9 +41,21 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
     let warc = tmp.path().join("crawl.warc.gz");
     let crawl_data = tmp.path().join("crawl");
     let s = seeds(tmp.path(), &[site.base()]);
+    // The products are due again sooner than the rest (a per-prefix recrawl interval): the
+    // test configuration and one table more.
+    let config = tmp.path().join("perc.toml");
+    let test = std::fs::read_to_string(root().join("config/test.toml")).unwrap();
+    let products = format!(
+        "[[recrawl.prefix]]\nprefix = \"{}\"\ninterval_s = 600\nmin_interval_s = 60\n",
+        site.url("products")
+    );
+    std::fs::write(&config, format!("{test}\n{products}")).unwrap();
     let out = ok(&perc(
         &crawl_data,
-        &["crawl", "--seeds", s.to_str().unwrap(), "--warc-out", warc.to_str().unwrap()],
+        &["--config", config.to_str().unwrap(), "crawl", "--seeds", s.to_str().unwrap()]
+            .into_iter()
+            .chain(["--warc-out", warc.to_str().unwrap()])
+            .collect::<Vec<_>>(),
     ));
     assert!(out.contains("pages indexed"), "{out}");
     common::warcio_check(&warc);
@@ -97,12 +109,14 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
     let page = ok(&perc(&crawl_data, &["page", &site.url("notice.html")]));
     let v: serde_json::Value = serde_json::from_str(&page).unwrap();
     assert_eq!(v["refresh"], format!("after 30 s to {}", site.url("")));
+    assert_eq!(v["fetch"]["interval_s"], 86400, "recrawl.interval_s: {page}");
     let page = ok(&perc(&crawl_data, &["page", &site.url("products/widget-care.html")]));
     let v: serde_json::Value = serde_json::from_str(&page).unwrap();
     assert_eq!(
         v["near_duplicates"],
         serde_json::json!([site.url("products/widget-care-print.html")])
     );
+    assert_eq!(v["fetch"]["interval_s"], 600, "its prefix's interval: {page}");
     let page = ok(&perc(&crawl_data, &["page", &site.url("gadget-moved.html")]));
     assert!(page.contains("refresh redirect to"), "{page}");
     let status = ok(&perc(&crawl_data, &["status"]));

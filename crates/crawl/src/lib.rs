@@ -20,4 +20,4 @@ pub use fetch::{
 pub use parse::{content_hash, decode, parse, parse_for_index, Link, ParsedPage, Refresh};
 pub use robots::{RobotsCache, Verdict};
 pub use source::{Budget, Crawler, Fetched, Offline, Recording, Source};
-pub use urls::{normalize, resolve, Scope};
+pub use urls::{normalize, resolve, Prefix, Scope};

@@ -100,15 +100,29 @@ pub struct Scope {
     prefixes: Vec<Prefix>,
 }
 
-/// A scope prefix, parsed: its origin and its path.
-#[derive(Clone, Debug)]
-struct Prefix {
+/// A URL prefix, parsed: its origin and its path. It contains a URL of the same origin whose
+/// path starts with its path at a segment boundary (`/docs` contains `/docs` and `/docs/a`,
+/// not `/docsearch`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prefix {
     origin: url::Origin,
     path: String,
 }
 
 impl Prefix {
-    fn contains(&self, url: &Url) -> bool {
+    /// An absolute http(s) URL as a prefix (its query and fragment are ignored); an error
+    /// naming it otherwise.
+    pub fn parse(raw: &str) -> Result<Prefix, String> {
+        let u = parse_prefix(raw)?;
+        Ok(Prefix { origin: u.origin(), path: u.path().to_string() })
+    }
+
+    /// The length of its path: of two prefixes that contain a URL, the longer is the closer.
+    pub fn path_len(&self) -> usize {
+        self.path.len()
+    }
+
+    pub fn contains(&self, url: &Url) -> bool {
         if url.origin() != self.origin {
             return false;
         }
@@ -141,13 +155,7 @@ impl Scope {
                 origins.push(o);
             }
         }
-        let prefixes = prefixes
-            .iter()
-            .map(|p| {
-                let u = parse_prefix(p)?;
-                Ok(Prefix { origin: u.origin(), path: u.path().to_string() })
-            })
-            .collect::<Result<_, String>>()?;
+        let prefixes = prefixes.iter().map(|p| Prefix::parse(p)).collect::<Result<_, String>>()?;
         Ok(Scope { origins, prefixes })
     }
 

@@ -48,15 +48,68 @@ pub struct Recrawl {
     /// How often the scheduler looks for URLs that are due, and the most it asks for at once.
     pub tick_ms: u64,
     pub batch: u64,
+    /// Intervals of URL prefixes (`[[recrawl.prefix]]`): the longest that contains a URL
+    /// gives it the intervals it sets; the ones it leaves out are the global ones.
+    pub prefix: Vec<RecrawlPrefix>,
+}
+
+/// One `[[recrawl.prefix]]` table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecrawlPrefix {
+    pub prefix: String,
+    pub interval_s: Option<u64>,
+    pub min_interval_s: Option<u64>,
+    pub max_interval_s: Option<u64>,
 }
 
 impl Recrawl {
-    pub fn intervals(&self) -> perc_observers::model::Recrawl {
-        perc_observers::model::Recrawl {
-            interval_s: self.interval_s,
-            min_interval_s: self.min_interval_s,
-            max_interval_s: self.max_interval_s,
+    /// The schedule the fetch observer follows; an error naming a prefix that is not an
+    /// absolute http(s) URL, an interval of 0, or a minimum above a maximum.
+    pub fn schedule(&self) -> Result<perc_observers::model::Schedule> {
+        use perc_observers::model::{Recrawl as Intervals, Schedule};
+        let check = |what: &str, r: Intervals| -> Result<Intervals> {
+            for (key, v) in [
+                ("interval_s", r.interval_s),
+                ("min_interval_s", r.min_interval_s),
+                ("max_interval_s", r.max_interval_s),
+            ] {
+                if v == 0 {
+                    bail!("{what}: {key} = 0 is out of range: it must be at least 1");
+                }
+            }
+            if r.min_interval_s > r.max_interval_s {
+                bail!(
+                    "{what}: min_interval_s = {} is above max_interval_s = {}",
+                    r.min_interval_s,
+                    r.max_interval_s
+                );
+            }
+            Ok(r)
+        };
+        let default = check(
+            "recrawl",
+            Intervals {
+                interval_s: self.interval_s,
+                min_interval_s: self.min_interval_s,
+                max_interval_s: self.max_interval_s,
+            },
+        )?;
+        let mut prefixes = Vec::new();
+        for p in &self.prefix {
+            let what = format!("recrawl.prefix {:?}", p.prefix);
+            let prefix = perc_crawl::Prefix::parse(&p.prefix).map_err(|e| bad!("{what}: {e}"))?;
+            if prefixes.iter().any(|(q, _)| *q == prefix) {
+                bail!("{what}: the prefix is given twice");
+            }
+            let intervals = Intervals {
+                interval_s: p.interval_s.unwrap_or(default.interval_s),
+                min_interval_s: p.min_interval_s.unwrap_or(default.min_interval_s),
+                max_interval_s: p.max_interval_s.unwrap_or(default.max_interval_s),
+            };
+            prefixes.push((prefix, check(&what, intervals)?));
         }
+        Ok(Schedule { default, prefixes })
     }
 }
 
@@ -233,6 +286,9 @@ fn unknown<'a>(
     }
 }
 
+/// Keys whose values are lists of tables: a file sets them, a variable or a flag cannot.
+const TABLES: &[&str] = &["recrawl.prefix"];
+
 /// Keys that moved, with where they are now.
 const RENAMED: &[(&str, &str)] = &[("txn.oracle_block", "oracle.block")];
 
@@ -324,6 +380,9 @@ fn check_ranges(root: &Value, origins: &Origins) -> Result<()> {
 /// Parses a command-line or environment value as the type the key already has.
 fn typed(like: &Value, raw: &str, origin: &str, key: &str) -> Result<Value> {
     let bad = || bad!("{origin}: {key} must be a {}, not {raw:?}", like.type_str());
+    if TABLES.contains(&key) {
+        bail!("{origin}: {key} is a list of tables ([[{key}]]): set it in a config file");
+    }
     Ok(match like {
         Value::String(_) => Value::String(raw.to_string()),
         Value::Integer(_) => Value::Integer(raw.trim().parse().map_err(|_| bad())?),
@@ -418,6 +477,7 @@ pub fn load(
     check_ranges(&root, &origins)?;
     let mut config: Config =
         root.try_into().map_err(|e: toml::de::Error| bad!("configuration: {e}"))?;
+    config.recrawl.schedule()?;
     // However it was set (a file, PERC_STORE_DATA, --set, --data), `:memory:` names no
     // directory but the memory store.
     if config.store.data == MEMORY {
@@ -532,6 +592,44 @@ mod tests {
         assert!(e.contains("unknown configuration key \"crawl.user_agnet\" (did you mean \"crawl.user_agent\"?)"), "{e}");
         // The tests' own variables are not configuration.
         assert!(load(None, &[("PERC_SEED".into(), "4".into())], &[]).is_ok());
+    }
+
+    #[test]
+    fn recrawl_prefixes_give_their_urls_intervals_and_bad_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        let with = |tables: &str| {
+            std::fs::write(&f, format!("[recrawl]\ninterval_s = 1000\n{tables}")).unwrap();
+            load(Some(&f), &[], &[]).map(|c| c.recrawl.schedule().unwrap())
+        };
+        let s = with(
+            "[[recrawl.prefix]]\nprefix = \"http://h.test/news\"\nmin_interval_s = 60\n\
+             [[recrawl.prefix]]\nprefix = \"http://h.test/news/live/\"\ninterval_s = 90\n",
+        )
+        .unwrap();
+        let at = |u: &str| *s.for_url(&url::Url::parse(u).unwrap());
+        let (news, live, rest) =
+            (at("http://h.test/news/a"), at("http://h.test/news/live/b"), at("http://h.test/x"));
+        assert_eq!(
+            (news.interval_s, news.min_interval_s, news.max_interval_s),
+            (1000, 60, 2592000)
+        );
+        assert_eq!((live.interval_s, live.min_interval_s), (90, 3600), "the longest prefix wins");
+        assert_eq!((rest.interval_s, rest.min_interval_s), (1000, 3600));
+        assert_eq!(at("http://h.test/newsletter").interval_s, 1000, "a segment boundary");
+        assert_eq!(at("https://h.test/news/a").min_interval_s, 3600, "another origin");
+        for (tables, want) in [
+            ("[[recrawl.prefix]]\nprefix = \"news/\"\n", "recrawl.prefix \"news/\": the scope prefix \"news/\" is not an absolute http(s) URL"),
+            ("[[recrawl.prefix]]\nprefix = \"http://h.test/\"\nmin_interval_s = 9999999\n", "recrawl.prefix \"http://h.test/\": min_interval_s = 9999999 is above max_interval_s = 2592000"),
+            ("[[recrawl.prefix]]\nprefix = \"http://h.test/\"\ninterval_s = 0\n", "interval_s = 0 is out of range"),
+            ("[[recrawl.prefix]]\nprefix = \"http://h.test/a\"\n[[recrawl.prefix]]\nprefix = \"http://h.test/a\"\n", "the prefix is given twice"),
+            ("[[recrawl.prefix]]\nprefix = \"http://h.test/\"\nintervl_s = 5\n", "unknown field `intervl_s`"),
+        ] {
+            let e = with(tables).unwrap_err().to_string();
+            assert!(e.contains(want), "{tables}: {e}");
+        }
+        let e = load(None, &[], &["recrawl.prefix=http://h.test/".into()]).unwrap_err();
+        assert_eq!(e.to_string(), "--set recrawl.prefix: recrawl.prefix is a list of tables ([[recrawl.prefix]]): set it in a config file");
     }
 
     #[test]

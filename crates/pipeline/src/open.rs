@@ -151,7 +151,7 @@ impl Builder {
             None => source(&config, self.fetching)?,
         };
         let registry = Arc::new(
-            perc_observers::registry_with(source.clone(), config.recrawl.intervals())
+            perc_observers::registry_with(source.clone(), config.recrawl.schedule()?)
                 .map_err(|e| PipelineError::Setup(e.to_string()))?,
         );
         let txn = TxnConfig {

@@ -79,6 +79,24 @@ impl Recrawl {
     }
 }
 
+/// The recrawl's intervals for every URL: the global ones, and those of URL prefixes
+/// (`[[recrawl.prefix]]`); the longest prefix that contains a URL gives its intervals.
+#[derive(Clone, Debug, Default)]
+pub struct Schedule {
+    pub default: Recrawl,
+    pub prefixes: Vec<(perc_crawl::Prefix, Recrawl)>,
+}
+
+impl Schedule {
+    pub fn for_url(&self, url: &url::Url) -> &Recrawl {
+        self.prefixes
+            .iter()
+            .filter(|(p, _)| p.contains(url))
+            .max_by_key(|(p, _)| p.path_len())
+            .map_or(&self.default, |(_, r)| r)
+    }
+}
+
 /// The zstd level bodies are stored at: most of zstd's ratio on HTML at a few hundred MB/s.
 const BODY_ZSTD_LEVEL: i32 = 3;
 

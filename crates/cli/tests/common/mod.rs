@@ -29,15 +29,14 @@ pub fn perc(data: &Path, args: &[&str]) -> Output {
     command(data, args).output().expect("run perc")
 }
 
-/// perc on the store `data` with the test configuration and `args`, not started yet.
+/// perc on the store `data` with the test configuration and `args`, not started yet. An
+/// `args` that starts with `--config` replaces the test configuration.
 pub fn command(data: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(PERC);
-    c.arg("--config")
-        .arg(root().join("config/test.toml"))
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .env_remove("RUST_LOG");
+    if args.first() != Some(&"--config") {
+        c.arg("--config").arg(root().join("config/test.toml"));
+    }
+    c.arg("--data").arg(data).args(args).env_remove("RUST_LOG");
     c
 }
 
