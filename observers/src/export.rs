@@ -5,6 +5,7 @@
 //! - Writes: `export:line`, the page's JSON line without its inlinks and near-duplicates
 //!   (readers join those from the `e:` rows and the cluster's `near:list`, see
 //!   [`crate::model::full_line`]), or removes it when the URL is not (or no longer) a page.
+//! - Queues: the URL for the search index ([`crate::search`]) when its line changed.
 //! - Notifies: nobody; `perc export` reads these lines in URL order.
 //! - Twice is harmless: the line is a function of the current cells, written only if changed.
 
@@ -28,7 +29,9 @@ impl Observer for Export {
         let Some(url) = model::url_of(row) else { return Ok(()) };
         let meta = model::get_json::<Meta>(txn, row, col::META).await?.unwrap_or_default();
         if meta.kind != "page" {
-            model::delete_if_present(txn, row, col::EXPORT_LINE).await?;
+            if model::delete_if_present(txn, row, col::EXPORT_LINE).await? {
+                crate::search::queue(txn, url);
+            }
             return Ok(());
         }
         let canonical =
@@ -48,7 +51,9 @@ impl Observer for Export {
             near_duplicates: Vec::new(),
             inlinks: Vec::new(),
         };
-        model::set_json_if_changed(txn, row, col::EXPORT_LINE, &line).await?;
+        if model::set_json_if_changed(txn, row, col::EXPORT_LINE, &line).await? {
+            crate::search::queue(txn, url);
+        }
         Ok(())
     }
 }

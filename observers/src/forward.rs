@@ -11,6 +11,8 @@
 //!   line nobody reads). The inlinks themselves stay in their `e:` rows, where invert keeps
 //!   them current; readers join them through these names, so an inlink that changes costs
 //!   no rewrite here, however many the page has.
+//! - Queues: the canonical for the search index ([`crate::search`]) when its `fwd:names`
+//!   changed (its document's anchors are those of the names' inlinks).
 //! - Notifies: nobody (the export line's inlinks are joined when it is read).
 //! - Writes back each written member's `dedup:registered` unchanged, as cluster does (see
 //!   [`cluster::hold_membership`]).
@@ -38,7 +40,11 @@ pub async fn run(
     for (m, had) in members.iter().zip(forwarded) {
         let row = model::page(m);
         let wrote = if m == canonical {
-            model::set_json_if_changed(txn, &row, col::FWD_NAMES, &all).await?
+            let wrote = model::set_json_if_changed(txn, &row, col::FWD_NAMES, &all).await?;
+            if wrote {
+                crate::search::queue(txn, m);
+            }
+            wrote
         } else if had.is_some() {
             txn.delete(row.clone(), Bytes::from_static(col::FWD_NAMES));
             true

@@ -36,6 +36,8 @@
 //! - Notifies: the page's cluster head (`cluster:dirty`, the cluster dedup registered it in;
 //!   see [`notify_downstream`] for why it rewrites that registration) and its export, weakly,
 //!   on a change.
+//! - Queues: the URL for the search index ([`crate::search`]) when it folded changes (an
+//!   edge came or went: its inlinks' anchors changed even when its count did not).
 //! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
 //!   written only when different.
 
@@ -72,6 +74,11 @@ impl Observer for InDegree {
         let changes = if counting { take_changes(txn, url).await? } else { BTreeMap::new() };
         let folded = !changes.is_empty();
         let chain = chain_from(txn, url).await?;
+        if folded {
+            // The edges into it changed, whatever its count did: so did the anchors its
+            // (or its chain's end's) search document shows.
+            crate::search::queue(txn, url);
+        }
         if counting && chain.hops == 0 {
             as_page(txn, row, url, counted_at, changes).await?;
         } else if counting {

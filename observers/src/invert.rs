@@ -11,6 +11,8 @@
 //!   `e:` rows of a source are written only by the parse runs of that source, each of which
 //!   writes the source's `page:links` too (the diff is not empty), so two of them conflict
 //!   there; the change rows are new rows, unique to this transaction.
+//! - Queues: for the search index ([`crate::search`]), each target whose edge from this
+//!   source stays with another anchor.
 //! - Notifies: each affected target's `indeg:dirty` (weakly: a page every page links to is a
 //!   hot row, and weak notifications never conflict).
 //! - Twice is harmless: the second time the links replaced equal the links written, and the
@@ -49,7 +51,11 @@ pub async fn run(
                 anchor.clone(),
             );
             txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
-            if !before.contains_key(target) {
+            if before.contains_key(target) {
+                // The same edge with another anchor: no count changes, so no export line
+                // does; the search documents that show the anchor do.
+                crate::search::queue(txn, target);
+            } else {
                 deltas.push((target, 1));
             }
         }

@@ -34,6 +34,7 @@ pub mod model;
 pub mod near;
 pub mod parse;
 mod query;
+pub mod search;
 
 use std::sync::Arc;
 

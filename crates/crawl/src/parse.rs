@@ -159,6 +159,13 @@ pub fn parse_for_index(url: &Url, body: &[u8], http_charset: Option<&str>) -> Pa
     page
 }
 
+/// The text of a page's body as a search index holds it: the text the simhash is computed
+/// over (SPEC §6.4a), decoded as [`parse`] decodes it.
+pub fn page_text(body: &[u8], http_charset: Option<&str>) -> String {
+    let (text, _) = decode(body, http_charset);
+    crate::simhash::body_text(&Html::parse_document(&text))
+}
+
 fn parse_document(url: &Url, body: &[u8], http_charset: Option<&str>) -> (ParsedPage, Html) {
     let (text, encoding) = decode(body, http_charset);
     let doc = Html::parse_document(&text);

@@ -32,6 +32,7 @@ pub use crate::error::{PipelineError, Result};
 pub use crate::open::{open_store, shared_oracle, Builder, Create, Fetching};
 /// What the verbs hand back, from the layer that defines them.
 pub use perc_observers::model::{CrawlScope, ExportLine};
+pub use perc_observers::search::{Queued, SearchDoc};
 pub use perc_observers::{PageInfo, Report};
 
 pub struct Pipeline {
@@ -585,6 +586,32 @@ impl Pipeline {
         })
         .await?;
         Ok(n)
+    }
+
+    /// The buckets of the search queue that hold rows (docs/serve.md, "Search").
+    pub async fn search_buckets(&self) -> Result<Vec<u8>> {
+        Ok(perc_observers::search::buckets(&self.client).await?)
+    }
+
+    /// Hands up to `max` queue rows of `bucket` to `apply`, which makes a search index hold
+    /// what they ask for durably, then deletes them (see `perc_observers::search::drain`).
+    /// `apply`'s error leaves them queued and is returned inside.
+    pub async fn drain_search<E>(
+        &self,
+        bucket: u8,
+        max: usize,
+        apply: impl FnMut(&[Queued]) -> Result<(), E>,
+    ) -> Result<Result<usize, E>> {
+        Ok(perc_observers::search::drain(&self.client, bucket, max, apply).await?)
+    }
+
+    /// Every search document at one snapshot, in URL order: what an index built from nothing
+    /// holds before it drains the queue. Returns how many.
+    pub async fn search_documents(
+        &self,
+        each: impl FnMut(SearchDoc) -> Result<()>,
+    ) -> Result<usize> {
+        perc_observers::search::each_document(&self.client, each).await
     }
 
     /// The export as JSON Lines (one string a page, without the newline), in URL order.

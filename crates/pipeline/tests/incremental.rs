@@ -2,7 +2,9 @@
 //! independently of the observers: over seeded random small webs, after random edit
 //! sequences loaded between partial processing steps, the incremental export equals the
 //! reference computed over the final state. And a crawl from seeds (fetch, discovery, depth,
-//! redirects, nofollow, scope) against the reference's breadth-first crawl.
+//! redirects, nofollow, scope) against the reference's breadth-first crawl. Along the way, a
+//! mirror of the search index drained from the search queue (in between, and concurrently
+//! with the workers) ends equal to the documents of the final state.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -12,7 +14,7 @@ use bytes::Bytes;
 use perc_crawl::warc::Recorded;
 use perc_crawl::{Fetched, Response, Source};
 use perc_observers::model::{CrawlScope, ExportLine, Inlink};
-use perc_pipeline::{Backend, Config, Pipeline};
+use perc_pipeline::{Backend, Config, Pipeline, Queued, SearchDoc};
 use perc_txn::ManualClock;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -377,6 +379,49 @@ fn show(lines: &[ExportLine]) -> String {
     lines.iter().map(|l| serde_json::to_string(l).unwrap()).collect::<Vec<_>>().join("\n")
 }
 
+/// A search index as a map: URL -> document.
+type Mirror = BTreeMap<String, SearchDoc>;
+
+/// Drains the search queue into `mirror`, as an index does (a few rows a transaction).
+async fn drain_into(h: &Pipeline, mirror: &mut Mirror) {
+    for bucket in h.search_buckets().await.unwrap() {
+        loop {
+            let taken = h.drain_search(bucket, 3, |queued| {
+                for q in queued {
+                    match q {
+                        Queued::Index(d) => mirror.insert(d.url.clone(), d.clone()),
+                        Queued::Remove(url) => mirror.remove(url),
+                    };
+                }
+                Ok::<_, ()>(())
+            });
+            if taken.await.unwrap().unwrap() == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// The mirror, once drained, against the documents of the store's final state.
+async fn check_search(h: &Pipeline, mirror: &mut Mirror) -> Result<(), String> {
+    drain_into(h, mirror).await;
+    let mut want = Mirror::new();
+    h.search_documents(|d| {
+        want.insert(d.url.clone(), d);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    if *mirror != want {
+        let differ: Vec<&String> =
+            mirror.keys().chain(want.keys()).filter(|u| mirror.get(*u) != want.get(*u)).collect();
+        return Err(format!(
+            "the search queue's mirror differs at {differ:?}: {mirror:?} vs {want:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// The seeds to try: `PERC_SEED=n` replays one, `PERC_SEEDS=n` tries that many (a longer
 /// search than the default).
 fn seeds(default: u64) -> Vec<u64> {
@@ -405,6 +450,7 @@ fn incremental_equals_from_scratch_on_random_webs() {
             let urls: Vec<String> = (0..n).map(|i| format!("http://site.test/p{i}")).collect();
             let web = Web::default();
             let h = harness(&web).await;
+            let mut mirror = Mirror::new();
             let mut bodies = Vec::new();
             let mut fetched: BTreeMap<String, Response> = BTreeMap::new();
             for u in &urls {
@@ -421,6 +467,9 @@ fn incremental_equals_from_scratch_on_random_webs() {
                 if rng.random_bool(0.4) {
                     h.engine.step().await.unwrap();
                 }
+                if rng.random_bool(0.2) {
+                    drain_into(&h, &mut mirror).await;
+                }
             }
             let report = h.engine.run_until_quiet().await.unwrap();
             if report.parked + report.failed > 0 {
@@ -432,7 +481,7 @@ fn incremental_equals_from_scratch_on_random_webs() {
             if got != want {
                 return Err(format!("incremental export differs\n got: {got}\nwant: {want}"));
             }
-            Ok(())
+            check_search(&h, &mut mirror).await
         });
         if let Err(e) = outcome {
             failed.push((seed, e));
@@ -555,16 +604,29 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
                 perc_notify::Workers::start(engine.clone(), &tokio::runtime::Handle::current());
             let mut bodies = Vec::new();
             let mut fetched: BTreeMap<String, Response> = BTreeMap::new();
-            for _ in 0..(n + rng.random_range(0..25)) {
-                let u = urls[rng.random_range(0..urls.len())].clone();
-                let r = random_response(&mut rng, &urls, &mut bodies);
-                fetched.insert(u.clone(), r.clone());
-                load(&h, &u, r).await;
-                workers.kick();
-                if rng.random_bool(0.3) {
+            // An indexer drains the search queue while the edits land and the workers run.
+            let mut mirror = Mirror::new();
+            let loaded = std::sync::atomic::AtomicBool::new(false);
+            let edits = async {
+                for _ in 0..(n + rng.random_range(0..25)) {
+                    let u = urls[rng.random_range(0..urls.len())].clone();
+                    let r = random_response(&mut rng, &urls, &mut bodies);
+                    fetched.insert(u.clone(), r.clone());
+                    load(&h, &u, r).await;
+                    workers.kick();
+                    if rng.random_bool(0.3) {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                loaded.store(true, std::sync::atomic::Ordering::SeqCst);
+            };
+            let indexer = async {
+                while !loaded.load(std::sync::atomic::Ordering::SeqCst) {
+                    drain_into(&h, &mut mirror).await;
                     tokio::task::yield_now().await;
                 }
-            }
+            };
+            futures::join!(edits, indexer);
             workers.wait().await.unwrap();
             workers.shutdown().await;
             let failures = engine.failed_list().await.unwrap();
@@ -578,7 +640,7 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
                     "concurrent workers' export differs\n got: {got}\nwant: {want}"
                 ));
             }
-            Ok(())
+            check_search(&h, &mut mirror).await
         });
         if let Err(e) = outcome {
             failed.push((seed, e));

@@ -50,6 +50,9 @@
 //!                                       block = bits 16b..16b+15 (hex)
 //!   n:<ms>\0<url>          crawl:due    (due for a recrawl at ms, 16   fetch (and the
 //!                                       hex digits: time order)         scheduler's delete)
+//!   q:<bb>\0<url>          search:queued  (the URL's search document     export, invert,
+//!                                       may have changed; bb: a byte    forward (and the
+//!                                       of its blake3, in hex)          indexer's delete)
 //!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
 //! ```
 //!
@@ -102,6 +105,7 @@ pub mod col {
     pub const EXPORT_DIRTY: &[u8] = b"export:dirty";
     pub const EXPORT_LINE: &[u8] = b"export:line";
     pub const SCOPE: &[u8] = b"crawl:scope";
+    pub const SEARCH_QUEUED: &[u8] = b"search:queued";
 }
 
 pub fn page(url: &str) -> Bytes {

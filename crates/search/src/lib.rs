@@ -1,0 +1,342 @@
+//! The search index of `perc serve` and `perc search` (docs/serve.md, "Search"): a tantivy
+//! index with one document per canonical page that is not noindex (title, forwarded anchor
+//! text, body text, in-degree), kept current from the store's search queue
+//! (`perc_observers::search`, Fluo Recipes' ExportQueue). It is derived data: built from the
+//! export when it is new (or was left half-built), then brought up to date by draining the
+//! queue, which also makes it catch up by itself after any crash. Ranking is BM25 over the
+//! three text fields (title and anchors boosted) times `1 + ln(1 + in-degree)`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use perc_pipeline::{Pipeline, PipelineError, Queued, SearchDoc};
+use serde::Serialize;
+use tantivy::collector::TopDocs;
+use tantivy::directory::MmapDirectory;
+use tantivy::query::QueryParser;
+use tantivy::schema::{Field, Schema, Value, FAST, INDEXED, STORED, STRING, TEXT};
+use tantivy::{DocId, Index, IndexReader, IndexWriter, ReloadPolicy, Score, SegmentReader};
+use tantivy::{TantivyDocument, Term};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    /// The index on disk (or in memory) failed.
+    #[error("the search index in {dir}: {cause}")]
+    Index { dir: String, cause: tantivy::TantivyError },
+    /// The store below failed.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    /// A query that means nothing (empty).
+    #[error("{0}")]
+    Query(String),
+}
+
+pub type Result<T, E = SearchError> = std::result::Result<T, E>;
+
+/// The payload of a commit of an index that holds every document (built, then kept): an
+/// index whose last commit lacks it is built again.
+const BUILT: &str = "perc-search built v1";
+
+/// The writer's memory budget: one thread, tantivy's own default size.
+const WRITER_BYTES: usize = 50_000_000;
+
+/// Documents per commit while building from the export.
+const BUILD_COMMIT_DOCS: usize = 10_000;
+
+struct Fields {
+    url: Field,
+    title: Field,
+    anchors: Field,
+    body: Field,
+    in_degree: Field,
+}
+
+/// One answer to a query.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Hit {
+    pub url: String,
+    pub title: String,
+    pub score: f32,
+    pub in_degree: u64,
+}
+
+pub struct SearchIndex {
+    index: Index,
+    writer: Mutex<IndexWriter>,
+    reader: IndexReader,
+    fields: Fields,
+    /// Where it lives, for messages ("memory" for an index in memory).
+    dir: String,
+}
+
+fn schema() -> (Schema, Fields) {
+    let mut b = Schema::builder();
+    let fields = Fields {
+        url: b.add_text_field("url", STRING | STORED),
+        title: b.add_text_field("title", TEXT | STORED),
+        anchors: b.add_text_field("anchors", TEXT),
+        body: b.add_text_field("body", TEXT),
+        in_degree: b.add_u64_field("in_degree", INDEXED | FAST | STORED),
+    };
+    (b.build(), fields)
+}
+
+impl SearchIndex {
+    /// The index in `dir` (made if missing; one of another schema is derived data of an
+    /// older perc, and is replaced), or in memory for `None`.
+    pub fn open(dir: Option<&Path>) -> Result<SearchIndex> {
+        let (schema, fields) = schema();
+        let name = dir.map_or_else(|| "memory".to_string(), |d| d.display().to_string());
+        let fail = |cause| SearchError::Index { dir: name.clone(), cause };
+        let index = match dir {
+            None => Index::create_in_ram(schema),
+            Some(d) => open_dir(d, schema).map_err(fail)?,
+        };
+        let writer = index.writer_with_num_threads(1, WRITER_BYTES).map_err(fail)?;
+        let reader =
+            index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into().map_err(fail)?;
+        Ok(SearchIndex { index, writer: Mutex::new(writer), reader, fields, dir: name })
+    }
+
+    /// The index of the store `data` (`DATA/search`), or one in memory for a store in
+    /// memory.
+    pub fn path_for(data: &str) -> Option<PathBuf> {
+        (data != perc_pipeline::MEMORY).then(|| Path::new(data).join("search"))
+    }
+
+    fn fail(&self, cause: tantivy::TantivyError) -> SearchError {
+        SearchError::Index { dir: self.dir.clone(), cause }
+    }
+
+    /// Whether its last commit holds every document (it was built, and kept since).
+    pub fn is_built(&self) -> Result<bool> {
+        let metas = self.index.load_metas().map_err(|e| self.fail(e))?;
+        Ok(metas.payload.as_deref() == Some(BUILT))
+    }
+
+    /// How many documents it holds (as of its last commit).
+    pub fn len(&self) -> u64 {
+        self.reader.searcher().num_docs()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn document(&self, d: &SearchDoc) -> TantivyDocument {
+        let f = &self.fields;
+        let mut doc = TantivyDocument::default();
+        doc.add_text(f.url, &d.url);
+        doc.add_text(f.title, &d.title);
+        for a in &d.anchors {
+            doc.add_text(f.anchors, a);
+        }
+        doc.add_text(f.body, &d.body);
+        doc.add_u64(f.in_degree, d.in_degree);
+        doc
+    }
+
+    /// Makes the index hold what `queued` says, durably (a commit), and visible to searches.
+    /// Idempotent: a URL's document is replaced, never added twice.
+    pub fn apply(&self, queued: &[Queued]) -> Result<()> {
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        for q in queued {
+            let url = match q {
+                Queued::Index(d) => &d.url,
+                Queued::Remove(url) => url,
+            };
+            writer.delete_term(Term::from_field_text(self.fields.url, url));
+            if let Queued::Index(d) = q {
+                writer.add_document(self.document(d)).map_err(|e| self.fail(e))?;
+            }
+        }
+        self.commit(&mut writer)
+    }
+
+    fn commit(&self, writer: &mut IndexWriter) -> Result<()> {
+        let mut prepared = writer.prepare_commit().map_err(|e| self.fail(e))?;
+        prepared.set_payload(BUILT);
+        prepared.commit().map_err(|e| self.fail(e))?;
+        self.reader.reload().map_err(|e| self.fail(e))
+    }
+
+    /// Builds the index from nothing: every document of the store at one snapshot. The
+    /// queue rows written before that snapshot are applied again when drained (harmless).
+    pub async fn build(&self, pipeline: &Pipeline) -> Result<usize> {
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        writer.delete_all_documents().map_err(|e| self.fail(e))?;
+        let mut pending = 0;
+        let mut failed = None;
+        let n = pipeline
+            .search_documents(|d| {
+                if failed.is_some() {
+                    return Ok(());
+                }
+                match writer.add_document(self.document(&d)) {
+                    Ok(_) => pending += 1,
+                    Err(e) => failed = Some(e),
+                }
+                // Big builds commit now and then (without the payload: a crash rebuilds).
+                if pending >= BUILD_COMMIT_DOCS {
+                    pending = 0;
+                    if let Err(e) = writer.commit() {
+                        failed = Some(e);
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        if let Some(e) = failed {
+            return Err(self.fail(e));
+        }
+        self.commit(&mut writer)?;
+        Ok(n)
+    }
+
+    /// Brings the index up to date with the store: builds it if it is not built, then
+    /// drains every bucket of the queue, `batch` rows a transaction. Returns the documents
+    /// built and the URLs applied.
+    pub async fn catch_up(&self, pipeline: &Pipeline, batch: usize) -> Result<(usize, usize)> {
+        let built = if self.is_built()? { 0 } else { self.build(pipeline).await? };
+        let mut applied = 0;
+        for bucket in pipeline.search_buckets().await? {
+            loop {
+                match pipeline.drain_search(bucket, batch, |q| self.apply(q)).await? {
+                    Ok(0) => break,
+                    Ok(n) => applied += n,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok((built, applied))
+    }
+
+    /// The best `limit` pages for `query` (tantivy's query language: words, "phrases",
+    /// `+must`, `-not`, `title:word`; every word must match), best first, ties by URL.
+    pub fn search(&self, query: &str, limit: usize) -> Result<Vec<Hit>> {
+        if query.trim().is_empty() {
+            return Err(SearchError::Query("the query is empty".into()));
+        }
+        let f = &self.fields;
+        let mut parser = QueryParser::for_index(&self.index, vec![f.title, f.anchors, f.body]);
+        parser.set_conjunction_by_default();
+        parser.set_field_boost(f.title, 2.0);
+        parser.set_field_boost(f.anchors, 1.5);
+        // A query with a syntax error is searched for its words, as a search box does.
+        let (query, _) = parser.parse_query_lenient(query);
+        let searcher = self.reader.searcher();
+        let ranked = TopDocs::with_limit(limit.max(1)).tweak_score(|segment: &SegmentReader| {
+            let degree = segment
+                .fast_fields()
+                .u64("in_degree")
+                .expect("the schema has in_degree as a fast field")
+                .first_or_default_col(0);
+            move |doc: DocId, score: Score| score * (1.0 + (1.0 + degree.get_val(doc) as f32).ln())
+        });
+        let top = searcher.search(&query, &ranked).map_err(|e| self.fail(e))?;
+        let mut hits = Vec::with_capacity(top.len());
+        for (score, address) in top {
+            let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.fail(e))?;
+            let text = |field| doc.get_first(field).and_then(|v| v.as_str()).unwrap_or("");
+            hits.push(Hit {
+                url: text(f.url).to_string(),
+                title: text(f.title).to_string(),
+                score,
+                in_degree: doc.get_first(f.in_degree).and_then(|v| v.as_u64()).unwrap_or(0),
+            });
+        }
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.url.cmp(&b.url)));
+        Ok(hits)
+    }
+
+    /// Every URL it holds, sorted (for checks against the export).
+    pub fn urls(&self) -> Result<Vec<String>> {
+        let searcher = self.reader.searcher();
+        let mut urls = Vec::new();
+        for segment in searcher.segment_readers() {
+            let store = segment.get_store_reader(0).map_err(|e| self.fail(e.into()))?;
+            for doc in segment.doc_ids_alive() {
+                let d: TantivyDocument = store.get(doc).map_err(|e| self.fail(e))?;
+                if let Some(u) = d.get_first(self.fields.url).and_then(|v| v.as_str()) {
+                    urls.push(u.to_string());
+                }
+            }
+        }
+        urls.sort();
+        Ok(urls)
+    }
+}
+
+/// Opens or makes the index in `dir`; replaces one of another schema (derived data).
+fn open_dir(dir: &Path, schema: Schema) -> tantivy::Result<Index> {
+    let open = |schema: Schema| -> tantivy::Result<Index> {
+        std::fs::create_dir_all(dir)?;
+        Index::open_or_create(MmapDirectory::open(dir)?, schema)
+    };
+    match open(schema.clone()) {
+        Err(tantivy::TantivyError::SchemaError(why)) => {
+            tracing::warn!(dir = %dir.display(), %why, "the search index is of another schema: building it again");
+            std::fs::remove_dir_all(dir)?;
+            open(schema)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(url: &str, title: &str, anchors: &[&str], body: &str, in_degree: u64) -> Queued {
+        Queued::Index(SearchDoc {
+            url: url.into(),
+            title: title.into(),
+            anchors: anchors.iter().map(|a| a.to_string()).collect(),
+            body: body.into(),
+            in_degree,
+        })
+    }
+
+    #[test]
+    fn ranks_by_text_and_in_degree_and_applies_idempotently() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = SearchIndex::open(Some(dir.path())).unwrap();
+        assert!(!index.is_built().unwrap());
+        let batch = [
+            doc("http://h/a", "Widgets", &[], "all about widgets and gadgets", 0),
+            doc("http://h/b", "Gadgets", &["widgets"], "gadgets only", 5),
+            doc("http://h/c", "Other", &[], "nothing here", 9),
+        ];
+        index.apply(&batch).unwrap();
+        index.apply(&batch).unwrap();
+        assert_eq!(index.len(), 3, "applying twice replaces, never duplicates");
+        assert!(index.is_built().unwrap());
+        let urls = |q: &str| -> Vec<String> {
+            index.search(q, 10).unwrap().into_iter().map(|h| h.url).collect()
+        };
+        assert_eq!(urls("nothing"), ["http://h/c"]);
+        assert_eq!(urls("widgets gadgets").len(), 2, "every word must match");
+        assert_eq!(urls("widgets -gadgets"), Vec::<String>::new());
+        // The same text: the page more pages link to first, whatever the URL order.
+        index
+            .apply(&[
+                doc("http://h/d", "Twin", &[], "twin", 0),
+                doc("http://h/e", "Twin", &[], "twin", 3),
+            ])
+            .unwrap();
+        assert_eq!(urls("twin"), ["http://h/e", "http://h/d"], "in-degree ranks");
+        index
+            .apply(&[Queued::Remove("http://h/d".into()), Queued::Remove("http://h/e".into())])
+            .unwrap();
+        // A removal, and a reopened index keeps what was committed.
+        index.apply(&[Queued::Remove("http://h/a".into())]).unwrap();
+        drop(index);
+        let index = SearchIndex::open(Some(dir.path())).unwrap();
+        assert_eq!(index.urls().unwrap(), ["http://h/b", "http://h/c"]);
+        let hit = &index.search("gadgets", 1).unwrap()[0];
+        assert_eq!((hit.title.as_str(), hit.in_degree), ("Gadgets", 5));
+        assert!(index.search("  ", 5).is_err());
+        // A broken query is searched for its words.
+        assert_eq!(index.search("title:(", 5).unwrap().len(), 0);
+    }
+}

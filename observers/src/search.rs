@@ -1,0 +1,218 @@
+//! The search queue: which pages a search index must look at again (docs/serve.md,
+//! "Search"). It is Fluo Recipes' ExportQueue: the stages that change what a page's search
+//! document holds write a queue row in their own transaction; an indexer takes a bucket's
+//! rows in a transaction T, reads the documents they name in T's snapshot, applies them to
+//! its index, and deletes the rows in T. An export that re-queues a row after T began
+//! conflicts with T's delete, so T aborts and the row is taken again; a crash between the
+//! index's commit and T's re-applies the rows, which is idempotent. The index is never ahead
+//! of a committed transaction, and catches up after any crash by draining the queue.
+//!
+//! - Written by: export (a page's line written or removed), indegree (edges into a URL came
+//!   or went), invert (the anchor of an edge that stays changed) and forward (a canonical's
+//!   `fwd:names`, whose inlinks its document carries), as unchecked writes of an empty value
+//!   to `q:<bucket>\0<url>` (`search:queued`). The URL is the one whose facts changed; the
+//!   indexer looks at it and at the page whose document shows them (its canonical, or its
+//!   redirect chain's end's).
+//! - A document: one per canonical page that is not noindex: its URL, title, the anchors of
+//!   the inlinks its export line carries, its body text (the simhash's, SPEC §6.4a) and its
+//!   in-degree.
+
+use bytes::Bytes;
+use perc_txn::Transaction;
+
+use crate::model::{self, col, ExportLine};
+use crate::IndexError;
+
+/// Queue rows are spread over this many buckets (a byte of the URL's blake3), so that an
+/// indexer's transaction reads and deletes a bounded share of them.
+pub const BUCKETS: usize = 256;
+
+/// The queue row of `url`.
+pub fn queue_row(url: &str) -> Bytes {
+    Bytes::from(format!("q:{:02x}\0{url}", bucket_of(url)))
+}
+
+fn bucket_of(url: &str) -> u8 {
+    blake3::hash(url.as_bytes()).as_bytes()[0]
+}
+
+/// The range of a bucket's rows; of all of them for `None`.
+pub fn bucket_range(bucket: Option<u8>) -> (Vec<u8>, Vec<u8>) {
+    match bucket {
+        Some(b) => (format!("q:{b:02x}\0").into_bytes(), format!("q:{b:02x}\u{1}").into_bytes()),
+        None => (b"q:".to_vec(), b"q;".to_vec()),
+    }
+}
+
+/// Queues `url` for the search index, in `txn`.
+pub fn queue(txn: &mut Transaction, url: &str) {
+    txn.set_unchecked(queue_row(url), Bytes::from_static(col::SEARCH_QUEUED), Bytes::new());
+}
+
+/// A page as a search index holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchDoc {
+    pub url: String,
+    pub title: String,
+    /// The anchor texts of its inlinks (its cluster's, forwarded), in the export's order.
+    pub anchors: Vec<String>,
+    pub body: String,
+    pub in_degree: u64,
+}
+
+/// What the index must do for one URL.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Queued {
+    /// The URL's document is this (added, or replacing the one it had).
+    Index(SearchDoc),
+    /// The URL has no document (not a page, not canonical, noindex, gone).
+    Remove(String),
+}
+
+/// The buckets that hold queue rows, in `txn`'s snapshot.
+pub async fn queued_buckets(txn: &Transaction) -> Result<Vec<u8>, IndexError> {
+    let (start, end) = bucket_range(None);
+    let rows = txn.scan(&start, &end, col::SEARCH_QUEUED).await?;
+    let mut buckets: Vec<u8> = rows
+        .iter()
+        .filter_map(|(row, _)| {
+            let hex = std::str::from_utf8(row.get(2..4)?).ok()?;
+            u8::from_str_radix(hex, 16).ok()
+        })
+        .collect();
+    buckets.dedup();
+    Ok(buckets)
+}
+
+/// Takes up to `max` rows of `bucket`: deletes them in `txn` (the caller commits it after
+/// its index has what this returns) and returns what the index must do for the URLs they
+/// name and the pages whose documents show their facts, each URL once.
+pub async fn take(
+    txn: &mut Transaction,
+    bucket: u8,
+    max: usize,
+) -> Result<Vec<Queued>, IndexError> {
+    let (start, end) = bucket_range(Some(bucket));
+    let rows = txn.scan(&start, &end, col::SEARCH_QUEUED).await?;
+    let mut urls: Vec<String> = Vec::new();
+    for (row, _) in rows.into_iter().take(max) {
+        let url = model::child_key(&row)
+            .ok_or_else(|| IndexError::corrupt("a search queue row", row.escape_ascii()))?
+            .to_string();
+        txn.delete(row, Bytes::from_static(col::SEARCH_QUEUED));
+        urls.push(url);
+    }
+    let mut looked: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    let mut todo = urls;
+    while let Some(url) = todo.pop() {
+        if looked.contains(&url) {
+            continue;
+        }
+        looked.push(url.clone());
+        let row = model::page(&url);
+        let line = model::get_json::<ExportLine>(txn, &row, col::EXPORT_LINE).await?;
+        match line {
+            Some(line) if line.canonical != url => {
+                todo.push(line.canonical);
+                out.push(Queued::Remove(url));
+            }
+            Some(line) if line.noindex => out.push(Queued::Remove(url)),
+            Some(line) => out.push(Queued::Index(document(txn, line).await?)),
+            None => {
+                // An alias: its inlinks are its chain's end's.
+                if let Some(end) = txn.get(&row, col::ALIAS_OF).await?.filter(|e| !e.is_empty()) {
+                    todo.push(String::from_utf8_lossy(&end).into_owned());
+                }
+                out.push(Queued::Remove(url));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The document of a canonical page, from its line, the inlinks joined to it and its body.
+async fn document(txn: &Transaction, line: ExportLine) -> Result<SearchDoc, IndexError> {
+    let row = model::page(&line.url);
+    let joined = txn.get_many(&model::join_keys(&line)).await?;
+    let line = model::full_line(txn, line, [joined[0].clone(), joined[1].clone()]).await?;
+    let body = match txn.get(&row, col::RAW).await? {
+        Some(raw) => {
+            let (head, body) = model::decode_raw(&raw)
+                .map_err(|e| IndexError::corrupt(format!("crawl:raw of {}", line.url), e))?;
+            perc_crawl::parse::page_text(&body, head.charset.as_deref())
+        }
+        None => String::new(),
+    };
+    Ok(SearchDoc {
+        anchors: line.inlinks.into_iter().map(|i| i.anchor).filter(|a| !a.is_empty()).collect(),
+        url: line.url,
+        title: line.title,
+        body,
+        in_degree: line.in_degree,
+    })
+}
+
+/// Every document of the index, in URL order, at `txn`'s snapshot: what an index built from
+/// nothing holds (before it drains the queue rows written after this snapshot).
+pub async fn all_documents<E: From<IndexError>>(
+    txn: &Transaction,
+    mut each: impl FnMut(SearchDoc) -> Result<(), E>,
+) -> Result<(), E> {
+    for (row, v) in txn.scan(b"p:", b"p;", col::EXPORT_LINE).await.map_err(IndexError::from)? {
+        let line: ExportLine = serde_json::from_slice(&v).map_err(|e| {
+            IndexError::corrupt(format!("export:line of {}", row.escape_ascii()), e)
+        })?;
+        if line.canonical == line.url && !line.noindex {
+            each(document(txn, line).await?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes up to `max` rows of `bucket` and hands what they ask for to `apply`, which makes
+/// its index hold it durably; then deletes them. A conflict (a row queued again meanwhile)
+/// takes them again, and `apply` gets them again (it must be idempotent). `apply`'s error
+/// leaves the rows queued, and is returned inside; the outer error is the store's.
+pub async fn drain<E>(
+    client: &perc_txn::Client,
+    bucket: u8,
+    max: usize,
+    mut apply: impl FnMut(&[Queued]) -> Result<(), E>,
+) -> Result<Result<usize, E>, IndexError> {
+    client
+        .retrying(async |c| {
+            let mut t = c.begin().await?;
+            let queued = take(&mut t, bucket, max).await?;
+            if queued.is_empty() {
+                return Ok(Ok(0));
+            }
+            if let Err(e) = apply(&queued) {
+                return Ok(Err(e));
+            }
+            t.commit().await?;
+            Ok::<_, IndexError>(Ok(queued.len()))
+        })
+        .await
+}
+
+/// The buckets that hold queue rows now.
+pub async fn buckets(client: &perc_txn::Client) -> Result<Vec<u8>, IndexError> {
+    let t = client.begin().await?;
+    queued_buckets(&t).await
+}
+
+/// Every document, at one snapshot (see [`all_documents`]); how many.
+pub async fn each_document<E: From<IndexError>>(
+    client: &perc_txn::Client,
+    mut each: impl FnMut(SearchDoc) -> Result<(), E>,
+) -> Result<usize, E> {
+    let t = client.begin().await.map_err(IndexError::from)?;
+    let mut n = 0;
+    all_documents(&t, |d| {
+        n += 1;
+        each(d)
+    })
+    .await?;
+    Ok(n)
+}
