@@ -106,6 +106,16 @@ enum Command {
     Canonical { url: String },
     /// Print a page's indexed record as JSON.
     Page { url: String },
+    /// Search the index: the best pages for the words of QUERY, best first, one JSON object
+    /// a line (url, title, score, in_degree); exit 1 if none matches. Brings the search
+    /// index (DATA/search) up to date with the store first.
+    Search {
+        #[arg(required = true)]
+        query: Vec<String>,
+        /// How many pages at most (up to search.limit_max).
+        #[arg(long, default_value_t = 10)]
+        limit: u64,
+    },
     /// Write the export snapshot as JSON Lines, sorted by URL (`--out -`: standard output).
     Export {
         #[arg(long)]
@@ -429,6 +439,24 @@ async fn dispatch(
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Search { query, limit } => {
+            let max = config.search.limit_max;
+            if !(1..=max).contains(&limit) {
+                bail!("--limit {limit}: it must be 1 to {max} (search.limit_max)");
+            }
+            let app = existing!(config, Fetching::Offline);
+            let hits = search(&app, &query.join(" "), limit as usize).await;
+            app.close().await?;
+            let hits = hits?;
+            if hits.is_empty() {
+                say!("no page matches {:?}", query.join(" "));
+                return Ok(ExitCode::from(1));
+            }
+            for hit in hits {
+                out!("{}", serde_json::to_string(&hit).expect("a hit serializes"));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Export { out } => {
             let app = existing!(config, Fetching::Offline);
             let written = write_export(&app, &out).await;
@@ -526,6 +554,20 @@ async fn crawl(
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `perc search`: catches the search index up with the store, then asks it.
+async fn search(app: &Pipeline, query: &str, limit: usize) -> Result<Vec<perc_search::Hit>> {
+    use perc_search::{SearchError, SearchIndex};
+    let below = |e: SearchError| match e {
+        SearchError::Pipeline(p) => anyhow::Error::from(p),
+        other => anyhow!("{other}"),
+    };
+    let index = SearchIndex::open(SearchIndex::path_for(&app.config().store.data).as_deref())
+        .map_err(below)?;
+    let batch = usize::try_from(app.config().search.batch).unwrap_or(usize::MAX);
+    index.catch_up(app, batch).await.map_err(below)?;
+    index.search(query, limit).map_err(below)
 }
 
 async fn replay(app: &Pipeline, files: &[PathBuf], stop: &CancellationToken) -> Result<ExitCode> {

@@ -119,6 +119,25 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
     assert_eq!(v["fetch"]["interval_s"], 600, "its prefix's interval: {page}");
     let page = ok(&perc(&crawl_data, &["page", &site.url("gadget-moved.html")]));
     assert!(page.contains("refresh redirect to"), "{page}");
+    // search: canonical pages only (the copy of about.html is not one; post1 is noindex),
+    // ranked, stemmed ("care" finds "Caring"), decoded (the Latin-1 page).
+    let search = |q: &str| perc(&crawl_data, &["search", q, "--limit", "20"]);
+    let hits = |q: &str| -> Vec<String> {
+        ok(&search(q))
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["url"].to_string())
+            .map(|u| u.trim_matches('"').replace(&site.base(), "/"))
+            .collect()
+    };
+    assert_eq!(
+        hits("widget care")[..2],
+        ["/products/widget-care.html", "/products/widget-care-print.html"]
+    );
+    assert_eq!(hits("about demo shop"), ["/about.html", "/"], "the home page links to it");
+    assert_eq!(hits("café"), ["/latin1.html", "/"]);
+    let none = search("draft");
+    assert_eq!(none.status.code(), Some(1), "a noindex page is not searchable");
+    assert_eq!(String::from_utf8_lossy(&none.stderr).trim(), "no page matches \"draft\"");
     let status = ok(&perc(&crawl_data, &["status"]));
     assert!(status.contains("pending notifications:         0"), "{status}");
     // The crawl-rate report: the one host, every request (robots.txt and the 404 counted;

@@ -85,6 +85,35 @@ impl Server {
         refused(&format!("POST {path} {body}"), self.post(path, token, body), status, says);
     }
 
+    /// The URLs `/v1/search` answers for `query` (up to 20), with `base` made "/".
+    fn search(&self, query: &str, base: &str) -> Vec<String> {
+        let v = self.json(&format!("/v1/search?q={}&limit=20", q(query)));
+        let hits = v["hits"].as_array().unwrap_or_else(|| panic!("{v}"));
+        hits.iter().map(|h| h["url"].as_str().unwrap().replace(base, "/")).collect()
+    }
+
+    /// Polls `/v1/search` for `query` until its URLs are `want` (or fails after a minute).
+    fn until_search(&self, query: &str, base: &str, want: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = self.search(query, base);
+            if got == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited a minute for {query:?} to find {want:?}: {got:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL, and the process reaped.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
     /// SIGTERM, then the exit code.
     fn terminate(mut self) -> Option<i32> {
         let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
@@ -104,6 +133,15 @@ fn refused(what: &str, answer: (u16, String), status: u16, says: &str) {
 
 fn q(url: &str) -> String {
     url::form_urlencoded::byte_serialize(url.as_bytes()).collect()
+}
+
+/// How many search documents an export holds: its canonical pages that are not noindex.
+fn documents(export: &str) -> u64 {
+    export
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["url"] == v["canonical"] && v["noindex"] == false)
+        .count() as u64
 }
 
 #[test]
@@ -151,7 +189,29 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
     let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
     assert_eq!(exported.replace(&site.base(), "http://demo.test/"), want);
 
+    // Search: every canonical page that is not noindex, once the indexer has caught up.
+    let base = site.base();
+    let indexed =
+        server.until("the search index", |s| s["search"]["documents"] == documents(&want));
+    assert_eq!(indexed["search"]["documents"], 13, "{indexed}");
+    let hits = server.search("widget care", &base);
+    assert_eq!(hits[..2], ["/products/widget-care.html", "/products/widget-care-print.html"]);
+    assert_eq!(server.search("draft", &base), Vec::<String>::new(), "noindex");
+    let v = server.json("/v1/search?q=widget&limit=1");
+    assert_eq!(v["query"], "widget");
+    assert_eq!(v["hits"].as_array().map(Vec::len), Some(1), "{v}");
+    assert!(v["hits"][0]["score"].as_f64() > Some(0.0) && v["hits"][0]["in_degree"] == 5, "{v}");
+
     // Bad requests: each its status and what is wrong, and nothing changes.
+    server.fails("/v1/search", 400, "missing query parameter q");
+    server.fails("/v1/search?q=%20", 400, "the query is empty");
+    server.fails(
+        "/v1/search?q=a&limit=0",
+        400,
+        "limit \"0\": it must be 1 to 100 (search.limit_max)",
+    );
+    server.fails("/v1/search?q=a&limit=x", 400, "limit \"x\"");
+    server.fails("/v1/search?q=a&q=b", 400, "q given more than once");
     server.fails("/v1/canonical", 400, "missing query parameter url");
     server.fails("/v1/page?uri=x", 400, "missing query parameter url");
     server.fails("/v1/canonical?url=a&url=b", 400, "url given more than once");
@@ -272,6 +332,9 @@ fn the_recrawl_picks_up_a_changed_site_and_a_restart_keeps_the_index() {
         |server: &Server| server.get("/v1/export").1.replace(&site.base(), "http://demo.test/");
     let v1 = server.until("the demo's 17 pages", |s| s["pages"] == 17 && s["pending"] == 0);
     assert_eq!(export(&server), golden("demo.jsonl"));
+    let base = site.base();
+    server.until_search("title:old", &base, &["/broken.html"]);
+    assert_eq!(server.search("gadget version two", &base), Vec::<String>::new());
 
     // Unchanged pages are fetched again, and nothing after fetch runs for them.
     let runs = |s: &serde_json::Value, o: &str| s["observers"][o]["runs"].as_u64().unwrap_or(0);
@@ -294,6 +357,10 @@ fn the_recrawl_picks_up_a_changed_site_and_a_restart_keeps_the_index() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Search follows: the gadget's new title, the old page gone.
+    server.until("the search index of v2", |s| s["search"]["documents"] == documents(&want));
+    server.until_search("gadget version two", &base, &["/products/gadget.html"]);
+    server.until_search("title:old", &base, &[]);
     let page = server.json(&format!("/v1/page?url={}", q(&site.url("products/widget-care.html"))));
     assert_eq!(page["near_duplicates"], serde_json::json!([]), "{page}");
     // Its recrawl state: fetched more than once, due again within the bounds.
@@ -307,4 +374,43 @@ fn the_recrawl_picks_up_a_changed_site_and_a_restart_keeps_the_index() {
     let again = Server::start(&data, &fast);
     assert_eq!(export(&again), want);
     assert_eq!(again.terminate(), Some(0));
+}
+
+#[test]
+fn after_a_kill_the_search_index_catches_up_with_the_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let data = tmp.path().join("data");
+    let base = site.base();
+    // An indexer that looks at its queue once, at the start (an empty store), then not for
+    // an hour: the crawl's pages stay queued.
+    let server = Server::start(&data, &["--set", "search.tick_ms=3600000"]);
+    let token = std::fs::read_to_string(data.join("serve.token")).unwrap();
+    let body = serde_json::json!({ "seeds": [site.base()] }).to_string();
+    assert_eq!(server.post("/v1/seeds", Some(token.trim()), &body).0, 202);
+    server.until("the demo's 17 pages", |s| s["pages"] == 17 && s["pending"] == 0);
+    assert_eq!(server.json("/v1/status")["search"]["documents"], 0);
+    assert_eq!(server.search("widget", &base), Vec::<String>::new());
+    server.kill();
+
+    // The queue is in the store: a restart drains it, and the index is the store's.
+    let server = Server::start(&data, &[]);
+    let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
+    server.until("the caught-up index", |s| s["search"]["documents"] == documents(&want));
+    let hits = server.search("widget care", &base);
+    assert_eq!(hits[..2], ["/products/widget-care.html", "/products/widget-care-print.html"]);
+    assert_eq!(server.terminate(), Some(0));
+
+    // The CLI catches up the same index, and finds the same.
+    let cli = common::ok(&common::perc(&data, &["search", "widget", "care", "--limit", "2"]));
+    let urls: Vec<String> = cli
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["url"]
+                .as_str()
+                .unwrap()
+                .replace(&base, "/")
+        })
+        .collect();
+    assert_eq!(urls, hits[..2]);
 }

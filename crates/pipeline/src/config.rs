@@ -35,6 +35,21 @@ pub struct Config {
     pub txn: Txn,
     pub recrawl: Recrawl,
     pub serve: Serve,
+    pub search: Search,
+}
+
+/// The search index of `perc serve` and `perc search` (docs/serve.md, "Search").
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Search {
+    /// Whether `perc serve` keeps a search index (in `DATA/search`) and answers /v1/search.
+    pub enabled: bool,
+    /// How often the indexer looks at the search queue, and the most rows it takes in one
+    /// transaction.
+    pub tick_ms: u64,
+    pub batch: u64,
+    /// The most hits one query may ask for.
+    pub limit_max: u64,
 }
 
 /// When a fetched URL is fetched again by `perc serve` (docs/serve.md, "Recrawl").
@@ -355,6 +370,9 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("serve.body_bytes_max", 1024, 1 << 30),
     ("serve.request_timeout_ms", 1, i64::MAX),
     ("serve.shutdown_ms", 0, i64::MAX),
+    ("search.tick_ms", 1, i64::MAX),
+    ("search.batch", 1, 1_000_000),
+    ("search.limit_max", 1, 10_000),
 ];
 
 fn check_ranges(root: &Value, origins: &Origins) -> Result<()> {

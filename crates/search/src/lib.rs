@@ -14,7 +14,10 @@ use serde::Serialize;
 use tantivy::collector::TopDocs;
 use tantivy::directory::MmapDirectory;
 use tantivy::query::QueryParser;
-use tantivy::schema::{Field, Schema, Value, FAST, INDEXED, STORED, STRING, TEXT};
+use tantivy::schema::{
+    Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, FAST, INDEXED, STORED,
+    STRING,
+};
 use tantivy::{DocId, Index, IndexReader, IndexWriter, ReloadPolicy, Score, SegmentReader};
 use tantivy::{TantivyDocument, Term};
 
@@ -35,7 +38,7 @@ pub type Result<T, E = SearchError> = std::result::Result<T, E>;
 
 /// The payload of a commit of an index that holds every document (built, then kept): an
 /// index whose last commit lacks it is built again.
-const BUILT: &str = "perc-search built v1";
+const BUILT: &str = "perc-search built v2";
 
 /// The writer's memory budget: one thread, tantivy's own default size.
 const WRITER_BYTES: usize = 50_000_000;
@@ -69,13 +72,23 @@ pub struct SearchIndex {
     dir: String,
 }
 
+/// Text fields are split into words, lowercased and stemmed as English ("caring" finds
+/// "care"), with positions for phrase queries.
+fn words() -> TextOptions {
+    TextOptions::default().set_indexing_options(
+        TextFieldIndexing::default()
+            .set_tokenizer("en_stem")
+            .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+    )
+}
+
 fn schema() -> (Schema, Fields) {
     let mut b = Schema::builder();
     let fields = Fields {
         url: b.add_text_field("url", STRING | STORED),
-        title: b.add_text_field("title", TEXT | STORED),
-        anchors: b.add_text_field("anchors", TEXT),
-        body: b.add_text_field("body", TEXT),
+        title: b.add_text_field("title", words() | STORED),
+        anchors: b.add_text_field("anchors", words()),
+        body: b.add_text_field("body", words()),
         in_degree: b.add_u64_field("in_degree", INDEXED | FAST | STORED),
     };
     (b.build(), fields)
@@ -163,8 +176,8 @@ impl SearchIndex {
     /// Builds the index from nothing: every document of the store at one snapshot. The
     /// queue rows written before that snapshot are applied again when drained (harmless).
     pub async fn build(&self, pipeline: &Pipeline) -> Result<usize> {
-        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        writer.delete_all_documents().map_err(|e| self.fail(e))?;
+        let writer = || self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        writer().delete_all_documents().map_err(|e| self.fail(e))?;
         let mut pending = 0;
         let mut failed = None;
         let n = pipeline
@@ -172,14 +185,15 @@ impl SearchIndex {
                 if failed.is_some() {
                     return Ok(());
                 }
-                match writer.add_document(self.document(&d)) {
+                let mut w = writer();
+                match w.add_document(self.document(&d)) {
                     Ok(_) => pending += 1,
                     Err(e) => failed = Some(e),
                 }
                 // Big builds commit now and then (without the payload: a crash rebuilds).
                 if pending >= BUILD_COMMIT_DOCS {
                     pending = 0;
-                    if let Err(e) = writer.commit() {
+                    if let Err(e) = w.commit() {
                         failed = Some(e);
                     }
                 }
@@ -189,7 +203,7 @@ impl SearchIndex {
         if let Some(e) = failed {
             return Err(self.fail(e));
         }
-        self.commit(&mut writer)?;
+        self.commit(&mut writer())?;
         Ok(n)
     }
 

@@ -28,6 +28,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use perc_pipeline::config::Serve as ServeConfig;
 use perc_pipeline::{Pipeline, PipelineError};
+use perc_search::{SearchError, SearchIndex};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
@@ -41,6 +42,8 @@ pub const TOKEN_FILE: &str = "serve.token";
 /// What the handlers share.
 struct Served {
     app: Arc<Pipeline>,
+    /// The search index (`search.enabled`), kept by [`index_loop`].
+    search: Option<Arc<SearchIndex>>,
     query_bytes_max: usize,
     /// The write endpoints' token (its hash: compared in constant time); none: writes are
     /// refused.
@@ -100,8 +103,26 @@ pub async fn run(
     };
     ready(addr);
     let app = Arc::new(app);
+    let search = match app.config().search.enabled {
+        true => {
+            let dir = SearchIndex::path_for(&app.config().store.data);
+            let index = SearchIndex::open(dir.as_deref())
+                .map_err(|e| PipelineError::Setup(e.to_string()))?;
+            Some(Arc::new(index))
+        }
+        false => None,
+    };
+    let indexer = match &search {
+        Some(index) => {
+            let (app, index, stop) = (app.clone(), index.clone(), stop.clone());
+            let rt = tokio::runtime::Handle::current();
+            Some(tokio::task::spawn_blocking(move || index_loop(&app, &index, &stop, &rt)))
+        }
+        None => None,
+    };
     let state = Arc::new(Served {
         app: app.clone(),
+        search,
         query_bytes_max: usize::try_from(config.body_bytes_max).unwrap_or(usize::MAX),
         token: token.map(|t| blake3::hash(t.as_bytes())),
     });
@@ -120,7 +141,13 @@ pub async fn run(
             _ = stop_then(grace, &stopping) => Ok(()),
         }
     };
-    let (worked, served, ()) = tokio::join!(app.work(&stop), server, recrawl(&app, &stop));
+    let indexed = async {
+        if let Some(indexer) = indexer {
+            let _ = indexer.await;
+        }
+    };
+    let (worked, served, (), ()) =
+        tokio::join!(app.work(&stop), server, recrawl(&app, &stop), indexed);
     if let Some(f) = address_file {
         let _ = std::fs::remove_file(f);
     }
@@ -146,6 +173,33 @@ async fn recrawl(app: &Pipeline, stop: &CancellationToken) {
             Ok(n) => tracing::debug!("recrawl: {n} URLs due"),
             Err(e) => tracing::warn!(error = %e, "recrawl: cannot ask for the due URLs"),
         }
+    }
+}
+
+/// The search indexer, on a thread of its own (tantivy's commits block): brings the index
+/// up to date with the store every `search.tick_ms` until `stop`. An error is logged and
+/// tried again next tick; the queue keeps what was not indexed.
+fn index_loop(
+    app: &Pipeline,
+    index: &SearchIndex,
+    stop: &CancellationToken,
+    rt: &tokio::runtime::Handle,
+) {
+    let search = &app.config().search;
+    let tick = Duration::from_millis(search.tick_ms);
+    let batch = usize::try_from(search.batch).unwrap_or(usize::MAX);
+    while !stop.is_cancelled() {
+        match rt.block_on(index.catch_up(app, batch)) {
+            Ok((0, 0)) => {}
+            Ok((built, applied)) => tracing::debug!(built, applied, "search: indexed"),
+            Err(e) => tracing::warn!(error = %e, "search: cannot bring the index up to date"),
+        }
+        rt.block_on(async {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(tick) => {}
+            }
+        });
     }
 }
 
@@ -179,6 +233,7 @@ fn router(state: Arc<Served>, config: &ServeConfig) -> Router {
         .route("/v1/page", get(page))
         .route("/v1/status", get(status))
         .route("/v1/export", get(export))
+        .route("/v1/search", get(search))
         .route("/v1/seeds", post(seeds))
         .route("/v1/refetch", post(refetch))
         .fallback(unknown_path)
@@ -394,6 +449,14 @@ fn param(query: Option<&str>, name: &str, max: usize) -> Result<String, ApiError
     Ok(value.1.into_owned())
 }
 
+/// The parameter `name` if it is there (see [`param`]).
+fn optional_param(query: Option<&str>, name: &str, max: usize) -> Result<Option<String>, ApiError> {
+    match param(query, name, max) {
+        Err(e) if e.message == format!("missing query parameter {name}") => Ok(None),
+        other => other.map(Some),
+    }
+}
+
 /// The `url` parameter, normalized as the index keys it.
 fn url_param(query: Option<&str>, max: usize) -> Result<Url, ApiError> {
     let raw = param(query, "url", max)?;
@@ -425,9 +488,46 @@ async fn page(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     }
 }
 
-/// `GET /v1/status`: `perc status` as JSON.
+/// `GET /v1/search?q=Q&limit=N`: `{"query", "hits": [{url, title, score, in_degree}]}`, the
+/// best N (10 unless given; at most `search.limit_max`) first.
+async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
+    let query = param(q.as_deref(), "q", s.query_bytes_max)?;
+    let max = s.app.config().search.limit_max;
+    let limit = match optional_param(q.as_deref(), "limit", s.query_bytes_max)? {
+        None => 10.min(max),
+        Some(raw) => {
+            raw.parse::<u64>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("limit {raw:?}: it must be 1 to {max} (search.limit_max)"),
+                )
+            })?
+        }
+    };
+    let index = s.search.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this server keeps no search index (search.enabled = false)",
+        )
+    })?;
+    let q2 = query.clone();
+    let hits = tokio::task::spawn_blocking(move || index.search(&q2, limit as usize))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| match e {
+            SearchError::Query(why) => ApiError::new(StatusCode::BAD_REQUEST, why),
+            other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
+        })?;
+    Ok(Json(serde_json::json!({"query": query, "hits": hits})).into_response())
+}
+
+/// `GET /v1/status`: `perc status` as JSON, and the documents of the search index.
 async fn status(State(s): State<Arc<Served>>) -> Answer {
-    Ok(Json(s.app.status().await?.to_json()).into_response())
+    let mut status = s.app.status().await?.to_json();
+    if let Some(index) = &s.search {
+        status["search"] = serde_json::json!({"documents": index.len()});
+    }
+    Ok(Json(status).into_response())
 }
 
 /// `GET /v1/export`: the export as JSON Lines, streamed: the bytes `perc export` writes. The
