@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use perc_cli::site;
+
+mod remote;
 use perc_pipeline::{config, diff, CrawlScope, Create, Fetching, Pipeline, PipelineError};
 
 /// A line on stdout. A closed stdout (`perc status | head -1`) is an error that `main` turns
@@ -378,6 +380,21 @@ async fn dispatch(
     config: config::Config,
     stop: CancellationToken,
 ) -> Result<ExitCode> {
+    let asks_the_index = matches!(
+        command,
+        Command::Status
+            | Command::Canonical { .. }
+            | Command::Page { .. }
+            | Command::Export { .. }
+            | Command::Search { .. }
+            | Command::Refetch { .. }
+            | Command::Crawl { .. }
+    );
+    if asks_the_index {
+        if let Some(served) = remote::find(&config).await {
+            return through_server(command, &config, &served).await;
+        }
+    }
     match command {
         Command::Crawl { seeds, prefixes, warc_out, append } => {
             let seeds = read_seeds(&seeds, config.crawl.seeds_max)?;
@@ -544,7 +561,7 @@ async fn crawl(
         r.pages
     );
     if !r.not_pages.is_empty() {
-        out!("not pages: {}", by_reason(&r.not_pages));
+        out!("not pages: {}", perc_pipeline::status_text::by_reason(&r.not_pages));
     }
     if s.failures > 0 {
         say!("{} observer runs failed (perc status lists what is parked)", s.failures);
@@ -552,6 +569,129 @@ async fn crawl(
     if r.seeds_answered == 0 {
         say!("no seed could be fetched (perc page SEED says why)");
         return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A command on a store that `perc serve` holds, through its API (see [`remote`]).
+async fn through_server(
+    command: Command,
+    config: &config::Config,
+    served: &remote::Served,
+) -> Result<ExitCode> {
+    let not_found = |answer: &remote::Answer| -> Option<ExitCode> {
+        (answer.status == 404).then(|| {
+            say!("{}", answer.message());
+            ExitCode::from(1)
+        })
+    };
+    match command {
+        Command::Status => {
+            let text = served.get("/v1/status", &[("format", "text")]).await?.ok()?;
+            out!("{}", text.trim_end());
+        }
+        Command::Canonical { url } => {
+            let url = parse_url(&url)?;
+            let answer = served.get("/v1/canonical", &[("url", url.as_str())]).await?;
+            if let Some(code) = not_found(&answer) {
+                return Ok(code);
+            }
+            let v = remote::json(answer)?;
+            out!("{}", v["canonical"].as_str().unwrap_or_default());
+        }
+        Command::Page { url } => {
+            let url = parse_url(&url)?;
+            let answer = served.get("/v1/page", &[("url", url.as_str())]).await?;
+            if let Some(code) = not_found(&answer) {
+                return Ok(code);
+            }
+            out!("{}", answer.ok()?.trim_end());
+        }
+        Command::Export { out } => {
+            let n = if out.as_os_str() == "-" {
+                let mut f = std::io::BufWriter::new(std::io::stdout().lock());
+                let n = served.export(&mut f).await?;
+                f.flush()?;
+                n
+            } else {
+                let mut tmp = Replacement::create(&out)?;
+                let n = served.export(&mut tmp.file).await?;
+                tmp.finish()?;
+                out!("exported {n} pages to {}", out.display());
+                n
+            };
+            tracing::debug!(lines = n, "exported through perc serve");
+        }
+        Command::Search { query, limit } => {
+            let max = config.search.limit_max;
+            if !(1..=max).contains(&limit) {
+                bail!("--limit {limit}: it must be 1 to {max} (search.limit_max)");
+            }
+            let q = query.join(" ");
+            let limit = limit.to_string();
+            let answer = served.get("/v1/search", &[("q", &q), ("limit", &limit)]).await?;
+            let hits: Vec<perc_search::Hit> =
+                serde_json::from_value(remote::json(answer)?["hits"].take())
+                    .context("perc serve's search hits")?;
+            if hits.is_empty() {
+                say!("no page matches {q:?}");
+                return Ok(ExitCode::from(1));
+            }
+            for hit in hits {
+                out!("{}", serde_json::to_string(&hit).expect("a hit serializes"));
+            }
+        }
+        Command::Refetch { urls, all } => {
+            let body = if all {
+                serde_json::json!({ "all": true })
+            } else {
+                if urls.is_empty() {
+                    bail!("refetch needs URLs, or --all");
+                }
+                let urls: Vec<String> =
+                    urls.iter().map(|u| parse_url(u).map(String::from)).collect::<Result<_>>()?;
+                serde_json::json!({ "urls": urls })
+            };
+            let v = remote::json(served.post("/v1/refetch", &body).await?)?;
+            let unknown = v["unknown"].as_array().cloned().unwrap_or_default();
+            for u in &unknown {
+                say!(
+                    "warning: {} is not known to this index; not fetched",
+                    u.as_str().unwrap_or("")
+                );
+            }
+            out!(
+                "perc serve at {} fetches {} pages again (it indexes them as they come)",
+                served.base(),
+                v["refetching"]
+            );
+            return Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) });
+        }
+        Command::Crawl { seeds, prefixes, warc_out, .. } => {
+            if warc_out.is_some() {
+                bail!(
+                    "--warc-out: perc serve at {} holds this store and records nothing; stop it \
+                     to crawl with --warc-out",
+                    served.base()
+                );
+            }
+            let seeds = read_seeds(&seeds, config.crawl.seeds_max)?;
+            let seeds: Vec<&str> = seeds.iter().map(Url::as_str).collect();
+            let body = serde_json::json!({ "seeds": seeds, "prefixes": prefixes });
+            let v = remote::json(served.post("/v1/seeds", &body).await?)?;
+            for u in v["outside_scope"].as_array().into_iter().flatten() {
+                say!(
+                    "warning: the seed {} is outside the prefixes: fetched, its links not followed",
+                    u.as_str().unwrap_or("")
+                );
+            }
+            out!(
+                "perc serve at {} crawls {} seeds (perc status shows how far it is)",
+                served.base(),
+                v["seeds"]
+            );
+        }
+        _ => unreachable!("only the commands that ask the index go through a server"),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -746,115 +886,9 @@ async fn export_lines(app: &Pipeline, w: &mut impl Write) -> Result<usize> {
     Ok(n)
 }
 
-/// The "not pages" line: each reason with its count, most frequent first.
-fn by_reason(not_pages: &std::collections::BTreeMap<String, usize>) -> String {
-    let mut all: Vec<(&String, &usize)> = not_pages.iter().collect();
-    all.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-    all.iter().map(|(why, n)| format!("{n} {why}")).collect::<Vec<_>>().join(", ")
-}
-
 async fn status(app: &Pipeline) -> Result<()> {
-    let st = app.status().await?;
-    let r = &st.report;
-    let not_pages: usize = r.not_pages.values().sum();
-    out!("pages indexed:                 {}", r.pages);
-    out!("duplicate clusters (2+ pages): {}", r.duplicate_clusters);
-    out!("URLs fetched or loaded:        {} ({} answered)", r.fetched, r.answered);
-    if not_pages > 0 {
-        out!("  not pages:                   {not_pages} ({})", by_reason(&r.not_pages));
-    }
-    out!("URLs waiting to be fetched:    {}", r.waiting);
-    out!("pending notifications:         {}", st.pending);
-    if st.locks > 0 {
-        out!(
-            "open locks:                    {} (commits in flight, or left by a process that \
-             died: the next reader resolves them)",
-            st.locks
-        );
-    }
-    let oracle = &st.oracle;
-    match st.oracle_server.as_str() {
-        "" => out!(
-            "oracle:                        in this process, {} timestamps reserved",
-            oracle.reserved_to
-        ),
-        server => out!(
-            "oracle:                        {server}, epoch {}, {} timestamps reserved",
-            oracle.epoch,
-            oracle.reserved_to
-        ),
-    }
-    if !st.workers.is_empty() {
-        let alive = st.workers.iter().filter(|w| w.alive).count();
-        out!("\nprocesses on this store ({alive} alive):");
-        for w in &st.workers {
-            out!(
-                "  {:<24} {:<5} up {:>8}  heartbeat {:>8} ago  {} scanner(s)  {} lease(s)",
-                w.worker.to_string(),
-                if w.alive { "alive" } else { "dead" },
-                duration(w.age_ms),
-                duration(w.heartbeat_age_ms),
-                w.scanners,
-                w.leases
-            );
-        }
-    }
-    if !st.hosts.is_empty() {
-        let mut hosts: Vec<_> = st.hosts.iter().collect();
-        hosts.sort_by(|a, b| b.1[0].cmp(&a.1[0]).then(a.0.cmp(b.0)));
-        let shown = hosts.len().min(HOSTS_SHOWN);
-        out!("\nhosts crawled ({}, the {shown} most asked):", hosts.len());
-        out!("  {:<40} {:>9} {:>7} {:>10}", "host", "requests", "failed", "requests/s");
-        for (host, [requests, failed, first, last]) in hosts.into_iter().take(HOSTS_SHOWN) {
-            // The rate over the span from its first request to its last, across runs.
-            let secs = last.saturating_sub(*first) as f64 / 1000.0;
-            let rate = if *requests > 1 && secs > 0.0 {
-                format!("{:.1}", (requests - 1) as f64 / secs)
-            } else {
-                "-".into()
-            };
-            out!("  {host:<40} {requests:>9} {failed:>7} {rate:>10}");
-        }
-    }
-    out!(
-        "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9}",
-        "observer",
-        "runs",
-        "commits",
-        "skipped",
-        "conflicts",
-        "failures",
-        "parked",
-        "pending"
-    );
-    let mut names: std::collections::BTreeSet<&String> = st.counters.keys().collect();
-    names.extend(st.pending_by_observer.keys());
-    for name in names {
-        let [runs, commits, skipped, conflicts, failures, parked] =
-            st.counters.get(name).copied().unwrap_or_default();
-        let pending = st.pending_by_observer.get(name).copied().unwrap_or(0);
-        out!("{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7} {pending:>9}");
-    }
-    if !st.parked.is_empty() {
-        out!("\nparked notifications ({}):", st.parked.len());
-        for f in &st.parked {
-            out!("  {} {}: {}", f.row.escape_ascii(), f.column.escape_ascii(), f.detail);
-        }
-    }
+    out!("{}", app.status().await?.to_text().trim_end());
     Ok(())
-}
-
-/// Hosts `perc status` lists, the most asked first.
-const HOSTS_SHOWN: usize = 10;
-
-/// A duration for people: 850ms, 12.3s, 4m05s, 2h10m.
-fn duration(ms: u64) -> String {
-    match ms {
-        0..1_000 => format!("{ms}ms"),
-        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
-        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
-        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
-    }
 }
 
 fn generate(

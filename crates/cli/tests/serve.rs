@@ -202,7 +202,36 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
     assert_eq!(v["hits"].as_array().map(Vec::len), Some(1), "{v}");
     assert!(v["hits"][0]["score"].as_f64() > Some(0.0) && v["hits"][0]["in_degree"] == 5, "{v}");
 
+    // The CLI on the served store asks the server (sled admits one process).
+    let cli = |args: &[&str]| common::perc(&data, args);
+    let status = common::ok(&cli(&["status"]));
+    assert!(status.starts_with("pages indexed:                 17\n"), "{status}");
+    assert!(status.contains("\nobserver "), "{status}");
+    let about = common::ok(&cli(&["canonical", &site.url("copy-of-about.html")]));
+    assert_eq!(about.trim(), site.url("about.html"));
+    let unknown = cli(&["canonical", &site.url("never-linked.html")]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&unknown.stderr).trim(),
+        format!("{} is not known to this index", site.url("never-linked.html"))
+    );
+    let page = common::ok(&cli(&["page", &site.url("manual/latest.html")]));
+    assert_eq!(
+        page.trim(),
+        server.get(&format!("/v1/page?url={}", q(&site.url("manual/latest.html")))).1
+    );
+    assert_eq!(common::ok(&cli(&["export", "--out", "-"])), server.get("/v1/export").1);
+    let searched = common::ok(&cli(&["search", "widget", "care", "--limit", "1"]));
+    let first = format!("{{\"url\":\"{}\"", site.url("products/widget-care.html"));
+    assert!(searched.starts_with(&first), "{searched}");
+    let refetch = common::ok(&cli(&["refetch", &site.url("about.html")]));
+    assert!(refetch.contains("fetches 1 pages again"), "{refetch}");
+    let again = common::ok(&cli(&["crawl", "--seeds", s.to_str().unwrap()]));
+    assert!(again.contains("crawls 1 seeds"), "{again}");
+    server.until("the refetch and the seed done", |s| s["pending"] == 0);
+
     // Bad requests: each its status and what is wrong, and nothing changes.
+    server.fails("/v1/status?format=xml", 400, "format \"xml\": it is json or text");
     server.fails("/v1/search", 400, "missing query parameter q");
     server.fails("/v1/search?q=%20", 400, "the query is empty");
     server.fails(
@@ -392,6 +421,11 @@ fn after_a_kill_the_search_index_catches_up_with_the_store() {
     assert_eq!(server.json("/v1/status")["search"]["documents"], 0);
     assert_eq!(server.search("widget", &base), Vec::<String>::new());
     server.kill();
+    // The address file of a killed server stays; the CLI sees nobody answers there, and
+    // reads the store (as the kill left it: the last unflushed runs are redone at restart).
+    assert!(data.join("serve.json").exists());
+    let status = common::ok(&common::perc(&data, &["status"]));
+    assert!(status.starts_with("pages indexed:"), "{status}");
 
     // The queue is in the store: a restart drains it, and the index is the store's.
     let server = Server::start(&data, &[]);

@@ -12,6 +12,7 @@ pub mod config;
 pub mod diff;
 mod error;
 mod open;
+pub mod status_text;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;

@@ -521,9 +521,25 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     Ok(Json(serde_json::json!({"query": query, "hits": hits})).into_response())
 }
 
-/// `GET /v1/status`: `perc status` as JSON, and the documents of the search index.
-async fn status(State(s): State<Arc<Served>>) -> Answer {
-    let mut status = s.app.status().await?.to_json();
+/// `GET /v1/status`: `perc status` as JSON, and the documents of the search index;
+/// `?format=text`: the text `perc status` prints.
+async fn status(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
+    let format = optional_param(q.as_deref(), "format", s.query_bytes_max)?;
+    let status = s.app.status().await?;
+    match format.as_deref() {
+        None | Some("json") => {}
+        Some("text") => {
+            return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], status.to_text())
+                .into_response())
+        }
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("format {other:?}: it is json or text"),
+            ))
+        }
+    }
+    let mut status = status.to_json();
     if let Some(index) = &s.search {
         status["search"] = serde_json::json!({"documents": index.len()});
     }
