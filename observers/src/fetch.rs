@@ -10,6 +10,7 @@
 //!   by a change, doubled by none, within the bounds `[recrawl]` gives the URL) and the URL's row in the
 //!   due-time index (`n:<next fetch ms>\0<url>`, which `perc serve`'s scheduler reads).
 //! - Notifies: parse, through `crawl:raw`.
+//! - Metrics: `perc_fetches_total{outcome}`, `perc_fetch_bytes_total` (this process's).
 //! - Twice is harmless: it fetches the page again and writes what it got; parse and all after
 //!   it change nothing when nothing changed. A host whose robots.txt stays unreachable is
 //!   given up by the source, and its URLs are recorded with that reason.
@@ -55,6 +56,10 @@ impl Observer for Fetch {
         // A 304 answers a conditional request only: validators come from a stored state.
         let not_modified = asked != Validators::default()
             && matches!(&fetched, Fetched::Response(r) if r.status == 304);
+        metrics::counter!("perc_fetches_total", "outcome" => outcome(&fetched)).increment(1);
+        if let Fetched::Response(r) = &fetched {
+            metrics::counter!("perc_fetch_bytes_total").increment(r.body.len() as u64);
+        }
         let body = match fetched {
             Fetched::Response(r) => {
                 validators = r.validators();
@@ -126,6 +131,22 @@ impl Observer for Fetch {
             serde_json::to_vec(&new_state).expect("serializable"),
         );
         Ok(())
+    }
+}
+
+/// A fetch's outcome as the metrics name it: the status class, "not_modified", "failed"
+/// (no answer) or "disallowed" (robots.txt).
+fn outcome(fetched: &Fetched) -> &'static str {
+    match fetched {
+        Fetched::Response(r) => match r.status {
+            304 => "not_modified",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        },
+        Fetched::Failed(_) => "failed",
+        Fetched::Disallowed => "disallowed",
     }
 }
 

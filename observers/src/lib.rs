@@ -42,7 +42,7 @@ use perc_crawl::Source;
 use perc_notify::{NotifyKind, ObserverError, Registry, RegistryError};
 use perc_txn::TxnError;
 
-pub use load::{known_urls, load_recorded, recrawl_due, refetch, seed, seed_more};
+pub use load::{known_urls, load_recorded, next_due, recrawl_due, refetch, seed, seed_more};
 pub use query::{
     canonical, export, export_each, fetch_state, page_count, page_info, report, report_since,
     PageInfo, Report,

@@ -87,9 +87,9 @@ pub async fn recrawl_due(client: &Client, now_ms: u64, limit: usize) -> Result<u
             let mut t = c.begin().await?;
             let gen = t.start_ts().0;
             let (start, end) = model::due_until(now_ms);
-            let due = t.scan(&start, &end, col::DUE).await?;
+            let due = t.scan_first(&start, &end, col::DUE, limit).await?;
             let mut n = 0;
-            for (row, _) in due.into_iter().take(limit) {
+            for (row, _) in due {
                 t.delete(row.clone(), Bytes::from_static(col::DUE));
                 let Some(url) = model::child_key(&row) else { continue };
                 let page = model::page(url);
@@ -107,6 +107,22 @@ pub async fn recrawl_due(client: &Client, now_ms: u64, limit: usize) -> Result<u
             Ok::<_, IndexError>(n)
         })
         .await
+}
+
+/// The first `n` URLs of the recrawl's due-time index, soonest first, with their due times
+/// (ms): those already due (not fetched yet) and the next ones.
+pub async fn next_due(client: &Client, n: usize) -> Result<Vec<(u64, String)>, IndexError> {
+    let t = client.begin().await?;
+    let (start, _) = model::due_until(0);
+    let mut out = Vec::new();
+    for (row, _) in t.scan_first(&start, b"n;", col::DUE, n).await? {
+        let Some(url) = model::child_key(&row) else { continue };
+        let ms = std::str::from_utf8(&row[2..18]).ok().and_then(|h| u64::from_str_radix(h, 16).ok());
+        if let Some(ms) = ms {
+            out.push((ms, url.to_string()));
+        }
+    }
+    Ok(out)
 }
 
 /// Fetches known pages again (their want gets a new generation, keeping its depth). Returns

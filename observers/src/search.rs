@@ -24,7 +24,8 @@ use crate::model::{self, col, ExportLine};
 use crate::IndexError;
 
 /// Queue rows are spread over this many buckets (a byte of the URL's blake3), so that an
-/// indexer's transaction reads and deletes a bounded share of them.
+/// indexer's transaction reads and deletes a bounded share of them, and indexers of
+/// different processes can take different buckets.
 pub const BUCKETS: usize = 256;
 
 /// The queue row of `url`.
@@ -69,19 +70,15 @@ pub enum Queued {
     Remove(String),
 }
 
-/// The buckets that hold queue rows, in `txn`'s snapshot.
-pub async fn queued_buckets(txn: &Transaction) -> Result<Vec<u8>, IndexError> {
-    let (start, end) = bucket_range(None);
-    let rows = txn.scan(&start, &end, col::SEARCH_QUEUED).await?;
-    let mut buckets: Vec<u8> = rows
-        .iter()
-        .filter_map(|(row, _)| {
-            let hex = std::str::from_utf8(row.get(2..4)?).ok()?;
-            u8::from_str_radix(hex, 16).ok()
-        })
-        .collect();
-    buckets.dedup();
-    Ok(buckets)
+/// The first bucket at or after `from` that holds queue rows, in `txn`'s snapshot.
+pub async fn next_bucket(txn: &Transaction, from: u8) -> Result<Option<u8>, IndexError> {
+    let (start, _) = bucket_range(Some(from));
+    let (_, end) = bucket_range(None);
+    let first = txn.scan_first(&start, &end, col::SEARCH_QUEUED, 1).await?;
+    Ok(first.first().and_then(|(row, _)| {
+        let hex = std::str::from_utf8(row.get(2..4)?).ok()?;
+        u8::from_str_radix(hex, 16).ok()
+    }))
 }
 
 /// Takes up to `max` rows of `bucket`: deletes them in `txn` (the caller commits it after
@@ -93,9 +90,9 @@ pub async fn take(
     max: usize,
 ) -> Result<Vec<Queued>, IndexError> {
     let (start, end) = bucket_range(Some(bucket));
-    let rows = txn.scan(&start, &end, col::SEARCH_QUEUED).await?;
+    let rows = txn.scan_first(&start, &end, col::SEARCH_QUEUED, max).await?;
     let mut urls: Vec<String> = Vec::new();
-    for (row, _) in rows.into_iter().take(max) {
+    for (row, _) in rows {
         let url = model::child_key(&row)
             .ok_or_else(|| IndexError::corrupt("a search queue row", row.escape_ascii()))?
             .to_string();
@@ -196,10 +193,10 @@ pub async fn drain<E>(
         .await
 }
 
-/// The buckets that hold queue rows now.
-pub async fn buckets(client: &perc_txn::Client) -> Result<Vec<u8>, IndexError> {
+/// The first bucket at or after `from` that holds queue rows now.
+pub async fn first_bucket(client: &perc_txn::Client, from: u8) -> Result<Option<u8>, IndexError> {
     let t = client.begin().await?;
-    queued_buckets(&t).await
+    next_bucket(&t, from).await
 }
 
 /// Every document, at one snapshot (see [`all_documents`]); how many.

@@ -387,7 +387,10 @@ impl Engine {
                     let ran = done != Attempt::Unchanged;
                     match done {
                         Attempt::Committed => {
-                            let us = started.elapsed().as_micros() as u64;
+                            let took = started.elapsed();
+                            let us = took.as_micros() as u64;
+                            metrics::histogram!("perc_observer_run_seconds", "observer" => reg.name.clone())
+                                .record(took.as_secs_f64());
                             counters.commits.fetch_add(1, Ordering::Relaxed);
                             counters.latency_us_total.fetch_add(us, Ordering::Relaxed);
                             counters.latency_us_max.fetch_max(us, Ordering::Relaxed);

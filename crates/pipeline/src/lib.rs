@@ -38,6 +38,8 @@ pub use perc_observers::{PageInfo, Report};
 
 pub struct Pipeline {
     pub store: Arc<dyn Store>,
+    /// The calls that reached the store backend from this process, by kind.
+    calls: Arc<perc_store::Counted<Arc<dyn Store>>>,
     pub client: Client,
     pub engine: Arc<Engine>,
     pub config: Config,
@@ -554,6 +556,20 @@ impl Pipeline {
         Ok(perc_observers::recrawl_due(&self.client, now, limit).await?)
     }
 
+    /// The calls this process made to the store backend so far, by kind (RPCs on Bigtable).
+    pub fn store_calls(&self) -> perc_store::OpCounts {
+        self.calls.counts()
+    }
+
+    /// How late the recrawl is: now minus the oldest due time not fetched yet (0 when
+    /// nothing is due), in ms; and the next `n` URLs due, with their due times.
+    pub async fn recrawl_queue(&self, n: usize) -> Result<(u64, Vec<(u64, String)>)> {
+        let now = self.client.clock().now_ms();
+        let next = perc_observers::next_due(&self.client, n).await?;
+        let lag = next.first().map_or(0, |(due, _)| now.saturating_sub(*due));
+        Ok((lag, next))
+    }
+
     /// The configuration it was opened with.
     pub fn config(&self) -> &Config {
         &self.config
@@ -589,9 +605,10 @@ impl Pipeline {
         Ok(n)
     }
 
-    /// The buckets of the search queue that hold rows (docs/serve.md, "Search").
-    pub async fn search_buckets(&self) -> Result<Vec<u8>> {
-        Ok(perc_observers::search::buckets(&self.client).await?)
+    /// The first bucket of the search queue at or after `from` that holds rows
+    /// (docs/serve.md, "Search").
+    pub async fn search_bucket(&self, from: u8) -> Result<Option<u8>> {
+        Ok(perc_observers::search::first_bucket(&self.client, from).await?)
     }
 
     /// Hands up to `max` queue rows of `bucket` to `apply`, which makes a search index hold

@@ -125,10 +125,14 @@ impl Builder {
             Some(s) => s,
             None => open_store(&config, self.create).await?,
         };
+        // The calls that reach the backend (RPCs on Bigtable), counted for the metrics.
+        let calls = Arc::new(perc_store::Counted::new(store));
         // Concurrent runs' small unconditional writes (notify cells, notification clears,
         // secondary commits) share calls: one RPC for many on Bigtable.
-        let store: Arc<dyn Store> =
-            Arc::new(Coalesced::with_lanes(store, config.store.write_lanes));
+        let store: Arc<dyn Store> = Arc::new(Coalesced::with_lanes(
+            calls.clone() as Arc<dyn Store>,
+            config.store.write_lanes,
+        ));
         let oracle = match self.oracle {
             Some(o) => o,
             None => open_oracle(&config, &store).await?,
@@ -186,6 +190,7 @@ impl Builder {
         engine.load_parked().await?;
         Ok(Pipeline {
             store,
+            calls,
             client,
             engine,
             config,

@@ -384,7 +384,8 @@ type Mirror = BTreeMap<String, SearchDoc>;
 
 /// Drains the search queue into `mirror`, as an index does (a few rows a transaction).
 async fn drain_into(h: &Pipeline, mirror: &mut Mirror) {
-    for bucket in h.search_buckets().await.unwrap() {
+    let mut from = 0u8;
+    while let Some(bucket) = h.search_bucket(from).await.unwrap() {
         loop {
             let taken = h.drain_search(bucket, 3, |queued| {
                 for q in queued {
@@ -398,6 +399,10 @@ async fn drain_into(h: &Pipeline, mirror: &mut Mirror) {
             if taken.await.unwrap().unwrap() == 0 {
                 break;
             }
+        }
+        match bucket.checked_add(1) {
+            Some(next) => from = next,
+            None => break,
         }
     }
 }

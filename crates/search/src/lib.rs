@@ -213,7 +213,8 @@ impl SearchIndex {
     pub async fn catch_up(&self, pipeline: &Pipeline, batch: usize) -> Result<(usize, usize)> {
         let built = if self.is_built()? { 0 } else { self.build(pipeline).await? };
         let mut applied = 0;
-        for bucket in pipeline.search_buckets().await? {
+        let mut from = 0;
+        while let Some(bucket) = pipeline.search_bucket(from).await? {
             loop {
                 match pipeline.drain_search(bucket, batch, |q| self.apply(q)).await? {
                     Ok(0) => break,
@@ -221,6 +222,8 @@ impl SearchIndex {
                     Err(e) => return Err(e),
                 }
             }
+            let Some(next) = bucket.checked_add(1) else { break };
+            from = next;
         }
         Ok((built, applied))
     }

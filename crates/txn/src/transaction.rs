@@ -217,8 +217,45 @@ impl Transaction {
         ranges: &[(&[u8], &[u8])],
         column: &[u8],
     ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
+        Ok(self.scan_cut(ranges, column, usize::MAX).await?.0)
+    }
+
+    /// The first `rows` rows of [`Self::scan`]: its cost follows them (and the versions
+    /// and deleted rows among them, until GC drops those), not the whole range.
+    pub async fn scan_first(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        column: &[u8],
+        rows: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
+        let mut cells = rows.saturating_mul(2).max(64);
+        loop {
+            let (mut found, cut) = self.scan_cut(&[(start, end)], column, cells).await?;
+            let found = found.pop().unwrap_or_default();
+            let Some(cut) = cut.into_iter().flatten().next() else {
+                return Ok(found.into_iter().take(rows).collect());
+            };
+            // Rows from the cut on were not read whole.
+            let whole: Vec<(Bytes, Bytes)> = found.into_iter().filter(|(r, _)| *r < cut).collect();
+            if whole.len() >= rows {
+                return Ok(whole.into_iter().take(rows).collect());
+            }
+            cells = cells.saturating_mul(4);
+        }
+    }
+
+    /// [`Self::scan_ranges`] reading at most `cells` cells of each family per range: with
+    /// each range's values, the row where its reading stopped short (rows from it on are
+    /// missing or partial), if it did.
+    async fn scan_cut(
+        &self,
+        ranges: &[(&[u8], &[u8])],
+        column: &[u8],
+        cells: usize,
+    ) -> Result<(Vec<Vec<(Bytes, Bytes)>>, Vec<Option<Bytes>>), TxnError> {
         if ranges.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let store = self.client.store();
         let scans: Vec<perc_store::Scan> = ranges
@@ -228,18 +265,26 @@ impl Transaction {
                     family,
                     start: Bytes::copy_from_slice(start),
                     end: Bytes::copy_from_slice(end),
-                    limit: usize::MAX,
+                    limit: cells,
                 })
             })
             .collect();
         let column = Bytes::copy_from_slice(column);
         let mut scanned = store.scan_many(&scans).await?.into_iter();
+        let mut cuts: Vec<Option<Bytes>> = Vec::new();
         // Per range: cells locked at or below start_ts, read one by one (which waits on or
         // resolves the lock exactly as `get` does), and the newest committed record at or
         // below start_ts of each other row (cells come newest first).
         let mut per_range: Vec<(BTreeSet<Bytes>, BTreeMap<Bytes, WriteRecord>)> = Vec::new();
         for _ in ranges {
             let (locks, writes) = (scanned.next(), scanned.next());
+            // A family read up to its limit stopped at its last row, or before.
+            let cut = [&locks, &writes]
+                .into_iter()
+                .filter_map(|f| f.as_ref().filter(|f| f.len() >= cells)?.last())
+                .map(|c| c.row.clone())
+                .min();
+            cuts.push(cut);
             let mut locked = BTreeSet::new();
             for c in locks.into_iter().flatten() {
                 if c.qualifier == column && c.ts <= self.start_ts {
@@ -309,10 +354,11 @@ impl Transaction {
                 }
             }
         }
-        Ok(found
+        let found = found
             .into_iter()
             .map(|f| f.into_iter().filter_map(|(row, v)| v.map(|v| (row, v))).collect())
-            .collect())
+            .collect();
+        Ok((found, cuts))
     }
 
     /// Whether the transaction has nothing to commit: no write and no notification buffered.
