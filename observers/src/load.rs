@@ -117,7 +117,8 @@ pub async fn next_due(client: &Client, n: usize) -> Result<Vec<(u64, String)>, I
     let mut out = Vec::new();
     for (row, _) in t.scan_first(&start, b"n;", col::DUE, n).await? {
         let Some(url) = model::child_key(&row) else { continue };
-        let ms = std::str::from_utf8(&row[2..18]).ok().and_then(|h| u64::from_str_radix(h, 16).ok());
+        let ms =
+            std::str::from_utf8(&row[2..18]).ok().and_then(|h| u64::from_str_radix(h, 16).ok());
         if let Some(ms) = ms {
             out.push((ms, url.to_string()));
         }

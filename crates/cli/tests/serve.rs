@@ -135,6 +135,79 @@ fn q(url: &str) -> String {
     url::form_urlencoded::byte_serialize(url.as_bytes()).collect()
 }
 
+/// Scrapes `/metrics`, parses it as Prometheus text and checks its figures against
+/// `/v1/status` read just before (a counters save between the two may shift a count: the
+/// pair is read again, a few times at most).
+fn metrics_agree_with_status(server: &Server) {
+    use prometheus_parse::{Scrape, Value};
+    let mut last = String::new();
+    for _ in 0..5 {
+        let status = server.json("/v1/status");
+        let (code, text) = server.get("/metrics");
+        assert_eq!(code, 200, "{text}");
+        let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+        let value = |metric: &str, label: Option<(&str, &str)>| -> Option<f64> {
+            scrape.samples.iter().find_map(|s| {
+                let fits =
+                    s.metric == metric && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v));
+                match (&s.value, fits) {
+                    (Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v), true) => Some(*v),
+                    _ => None,
+                }
+            })
+        };
+        let n = |v: &serde_json::Value| v.as_u64().map(|n| n as f64);
+        let mut agree = value("perc_pages_indexed", None) == n(&status["pages"])
+            && value("perc_urls_fetched", None) == n(&status["fetched"])
+            && value("perc_duplicate_clusters", None) == n(&status["duplicate_clusters"])
+            && value("perc_search_documents", None) == n(&status["search"]["documents"]);
+        let observers = status["observers"].as_object().expect("observers");
+        assert!(observers.len() >= 5, "{status}");
+        for (name, c) in observers {
+            for field in ["runs", "commits", "skipped", "conflicts", "failures", "parked"] {
+                let metric = format!("perc_observer_{field}_total");
+                agree &= value(&metric, Some(("observer", name))) == n(&c[field]);
+            }
+            agree &=
+                value("perc_notifications_pending", Some(("observer", name))) == n(&c["pending"]);
+        }
+        if agree {
+            // This process's own: its runs' and requests' durations, its fetches.
+            let histogram = |metric: &str, label: (&str, &str)| -> f64 {
+                scrape
+                    .samples
+                    .iter()
+                    .find_map(|s| match &s.value {
+                        Value::Histogram(h)
+                            if s.metric == metric && s.labels.get(label.0) == Some(label.1) =>
+                        {
+                            h.iter().map(|b| b.count).fold(0.0, f64::max).into()
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or(0.0)
+            };
+            assert!(
+                histogram("perc_observer_run_seconds", ("observer", "parse")) >= 17.0,
+                "{text}"
+            );
+            assert!(
+                histogram("perc_http_request_seconds", ("endpoint", "/v1/status")) >= 1.0,
+                "{text}"
+            );
+            assert!(value("perc_fetches_total", Some(("outcome", "2xx"))) >= Some(17.0), "{text}");
+            assert!(value("perc_fetch_bytes_total", None) > Some(5_000.0), "{text}");
+            assert!(
+                value("perc_store_calls_total", Some(("kind", "read_rows"))) > Some(0.0),
+                "{text}"
+            );
+            return;
+        }
+        last = format!("{status}\n{text}");
+    }
+    panic!("/metrics and /v1/status disagree:\n{last}");
+}
+
 /// How many search documents an export holds: its canonical pages that are not noindex.
 fn documents(export: &str) -> u64 {
     export
@@ -201,6 +274,9 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
     assert_eq!(v["query"], "widget");
     assert_eq!(v["hits"].as_array().map(Vec::len), Some(1), "{v}");
     assert!(v["hits"][0]["score"].as_f64() > Some(0.0) && v["hits"][0]["in_degree"] == 5, "{v}");
+
+    // Metrics: Prometheus text whose counters are perc status's numbers.
+    metrics_agree_with_status(&server);
 
     // The CLI on the served store asks the server (sled admits one process).
     let cli = |args: &[&str]| common::perc(&data, args);

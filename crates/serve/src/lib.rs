@@ -29,6 +29,8 @@ use bytes::Bytes;
 use perc_pipeline::config::Serve as ServeConfig;
 use perc_pipeline::{Pipeline, PipelineError};
 use perc_search::{SearchError, SearchIndex};
+
+mod metrics;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
@@ -102,6 +104,8 @@ pub async fn run(
         None => None,
     };
     ready(addr);
+    // Installed before the workers start, so that their runs are recorded.
+    metrics::recorder();
     let app = Arc::new(app);
     let search = match app.config().search.enabled {
         true => {
@@ -234,6 +238,7 @@ fn router(state: Arc<Served>, config: &ServeConfig) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/export", get(export))
         .route("/v1/search", get(search))
+        .route("/metrics", get(scrape))
         .route("/v1/seeds", post(seeds))
         .route("/v1/refetch", post(refetch))
         .fallback(unknown_path)
@@ -244,20 +249,24 @@ fn router(state: Arc<Served>, config: &ServeConfig) -> Router {
 }
 
 /// Answers 408 when the answer's head is not ready within `limit` (a streamed body, once
-/// begun, is not cut).
+/// begun, is not cut); records how long each answer's head took.
 async fn timed(
     limit: Duration,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match tokio::time::timeout(limit, next.run(request)).await {
+    let path = request.uri().path().to_string();
+    let started = std::time::Instant::now();
+    let response = match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             format!("no answer within {} ms (serve.request_timeout_ms)", limit.as_millis()),
         )
         .into_response(),
-    }
+    };
+    metrics::request(&path, response.status().as_u16(), started.elapsed().as_secs_f64());
+    response
 }
 
 /// An answer that is not the one asked for: its status and what went wrong.
@@ -519,6 +528,12 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
             other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
         })?;
     Ok(Json(serde_json::json!({"query": query, "hits": hits})).into_response())
+}
+
+/// `GET /metrics`: Prometheus text (see [`metrics`]).
+async fn scrape(State(s): State<Arc<Served>>) -> Answer {
+    let text = metrics::render(&s.app, s.search.as_deref()).await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
 /// `GET /v1/status`: `perc status` as JSON, and the documents of the search index;
