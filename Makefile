@@ -9,10 +9,14 @@ run:
 
 # Every test, every backend, every feature.
 # (Doc tests first, so that the run closes with nextest's summary of every test.)
-# The WARC tests check perc's WARCs with warcio, an independent validator from Python's index.
+# The WARC tests check perc's WARCs with warcio, an independent validator from Python's index;
+# the status page's test drives Debian's chromium through chromedriver.
 test:
 	python3 -c 'import warcio' 2>/dev/null || python3 -m pip install --quiet warcio \
 	  || python3 -m pip install --quiet --break-system-packages warcio
+	command -v chromedriver >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+	  || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; }
 	$(CARGO) test --workspace --all-features --doc --quiet
 	$(CARGO) nextest run --workspace --all-features --no-fail-fast
 

@@ -31,6 +31,8 @@ pub struct Report {
     pub waiting: usize,
     /// URLs fetched or loaded that are not pages, by why not (redirects included).
     pub not_pages: std::collections::BTreeMap<String, usize>,
+    /// A few of them for each reason (the first in URL order), to show.
+    pub not_page_examples: std::collections::BTreeMap<String, Vec<String>>,
     /// Of the URLs asked about ([`report`]'s `seeds`), how many got a response.
     pub seeds_answered: usize,
     /// URLs fetched or loaded that were wanted at or after [`report_since`]'s timestamp
@@ -78,7 +80,12 @@ pub async fn report_since(
             r.seeds_answered += usize::from(seed_rows.contains(row));
         }
         if meta.kind != "page" {
-            *r.not_pages.entry(reason_class(&meta)).or_default() += 1;
+            let class = reason_class(&meta);
+            let examples = r.not_page_examples.entry(class.clone()).or_default();
+            if examples.len() < NOT_PAGE_EXAMPLES {
+                examples.extend(model::url_of(row).map(str::to_string));
+            }
+            *r.not_pages.entry(class).or_default() += 1;
         }
     }
     r.fetched = metas.len();
@@ -94,6 +101,9 @@ pub async fn report_since(
     }
     Ok(r)
 }
+
+/// How many URLs [`Report::not_page_examples`] keeps for each reason.
+const NOT_PAGE_EXAMPLES: usize = 3;
 
 /// Why a URL is not a page, as a label that groups alike reasons (no URLs in it).
 fn reason_class(meta: &Meta) -> String {

@@ -1,139 +1,13 @@
 //! `perc serve` end to end (docs/serve.md): the API answering while the demo site is crawled,
 //! bad requests each with its status and a message, and a clean stop on SIGTERM.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 mod common;
 
+use common::server::{documents, q, Server};
 use common::{root, seeds, Site};
-
-/// A `perc serve` child process and where it listens.
-struct Server {
-    child: Child,
-    base: String,
-    client: reqwest::blocking::Client,
-}
-
-impl Server {
-    /// Starts `perc serve` on `data` with `args`, on a free loopback port; returns once it
-    /// says where it listens.
-    fn start(data: &Path, args: &[&str]) -> Server {
-        let serve = ["--set", "serve.body_bytes_max=4096", "serve", "--listen", "127.0.0.1:0"];
-        let mut child = common::command(data, &[&serve[..], args].concat())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run perc serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("perc serve: listening on ")
-            .unwrap_or_else(|| panic!("perc serve said {line:?}"))
-            .to_string();
-        let client =
-            reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
-        Server { child, base, client }
-    }
-
-    /// GET `path`: the status and the body.
-    fn get(&self, path: &str) -> (u16, String) {
-        let r = self.client.get(format!("{}{path}", self.base)).send().unwrap();
-        (r.status().as_u16(), r.text().unwrap())
-    }
-
-    /// GET `path`, which must answer 200 with JSON.
-    fn json(&self, path: &str) -> serde_json::Value {
-        let (status, body) = self.get(path);
-        assert_eq!(status, 200, "{path}: {body}");
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
-    }
-
-    /// GET `path`, which must fail with `status` and a JSON error containing `says`.
-    fn fails(&self, path: &str, status: u16, says: &str) {
-        refused(path, self.get(path), status, says);
-    }
-
-    /// Polls `/v1/status` until `done` says so (or fails after a minute).
-    fn until(&self, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let status = self.json("/v1/status");
-            if done(&status) {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "waited a minute for {what}: {status}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// POST `body` to `path` with `token` (none: no Authorization): the status and the body.
-    fn post(&self, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-        let mut r = self.client.post(format!("{}{path}", self.base)).body(body.to_string());
-        if let Some(t) = token {
-            r = r.bearer_auth(t);
-        }
-        let r = r.send().unwrap();
-        (r.status().as_u16(), r.text().unwrap())
-    }
-
-    /// POST that must fail with `status` and a JSON error containing `says`.
-    fn post_fails(&self, path: &str, token: Option<&str>, body: &str, status: u16, says: &str) {
-        refused(&format!("POST {path} {body}"), self.post(path, token, body), status, says);
-    }
-
-    /// The URLs `/v1/search` answers for `query` (up to 20), with `base` made "/".
-    fn search(&self, query: &str, base: &str) -> Vec<String> {
-        let v = self.json(&format!("/v1/search?q={}&limit=20", q(query)));
-        let hits = v["hits"].as_array().unwrap_or_else(|| panic!("{v}"));
-        hits.iter().map(|h| h["url"].as_str().unwrap().replace(base, "/")).collect()
-    }
-
-    /// Polls `/v1/search` for `query` until its URLs are `want` (or fails after a minute).
-    fn until_search(&self, query: &str, base: &str, want: &[&str]) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let got = self.search(query, base);
-            if got == want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "waited a minute for {query:?} to find {want:?}: {got:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGKILL, and the process reaped.
-    fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// SIGTERM, then the exit code.
-    fn terminate(mut self) -> Option<i32> {
-        let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        assert!(sent.unwrap().success());
-        self.child.wait().unwrap().code()
-    }
-}
-
-/// `answer` (status, body) to `what` must be `status` with a JSON error containing `says`.
-fn refused(what: &str, answer: (u16, String), status: u16, says: &str) {
-    let (got, body) = answer;
-    assert_eq!(got, status, "{what}: {body}");
-    let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
-    let message = v["error"].as_str().unwrap_or_else(|| panic!("{what}: {body}"));
-    assert!(message.contains(says), "{what}: {message}");
-}
-
-fn q(url: &str) -> String {
-    url::form_urlencoded::byte_serialize(url.as_bytes()).collect()
-}
 
 /// Scrapes `/metrics`, parses it as Prometheus text and checks its figures against
 /// `/v1/status` read just before (a counters save between the two may shift a count: the
@@ -206,15 +80,6 @@ fn metrics_agree_with_status(server: &Server) {
         last = format!("{status}\n{text}");
     }
     panic!("/metrics and /v1/status disagree:\n{last}");
-}
-
-/// How many search documents an export holds: its canonical pages that are not noindex.
-fn documents(export: &str) -> u64 {
-    export
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["url"] == v["canonical"] && v["noindex"] == false)
-        .count() as u64
 }
 
 #[test]
@@ -323,7 +188,10 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
     server.fails("/v1/canonical?url=not%20a%20url", 400, "url \"not a url\"");
     server.fails("/v1/canonical?url=ftp://h.test/x", 400, "url \"ftp://h.test/x\"");
     server.fails("/v1/nothing", 404, "no such endpoint: /v1/nothing");
-    server.fails("/", 404, "no such endpoint: /");
+    server.fails("/v2/canonical", 404, "no such endpoint: /v2/canonical");
+    let (code, page) = server.get("/");
+    assert_eq!(code, 200);
+    assert!(page.contains("<div class=\"n\" id=\"pages\">17</div>"), "the status page: {page}");
     let long = format!("/v1/canonical?url=http://h.test/{}", "a".repeat(5000));
     server.fails(&long, 414, "the most accepted is 4096");
     let post =

@@ -257,6 +257,18 @@ pub struct HostCount {
     pub last_ms: u64,
 }
 
+/// What politeness does with one host now ([`Polite::host_states`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostState {
+    /// `scheme://authority`.
+    pub host: String,
+    pub in_flight: usize,
+    /// The pause between two of its requests (its Crawl-delay, or `host_delay_ms`).
+    pub delay_ms: u64,
+    /// How long until it may be asked again (a delay, a Retry-After).
+    pub wait_ms: u64,
+}
+
 struct Host {
     permits: tokio::sync::Semaphore,
     slot: tokio::sync::Mutex<HostSlot>,
@@ -298,6 +310,32 @@ impl<F: Fetcher> Polite<F> {
             .map(|(key, h)| (key.clone(), *h.count.lock().unwrap_or_else(|e| e.into_inner())))
             .filter(|(_, c)| c.requests > 0)
             .collect()
+    }
+
+    /// What politeness does with each host asked so far, now: requests in flight, the
+    /// delay between its requests, and how long until it may be asked again.
+    pub fn host_states(&self) -> Vec<HostState> {
+        let hosts = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
+        let per_host = self.config.per_host.max(1);
+        let now = Instant::now();
+        let mut out: Vec<HostState> = hosts
+            .iter()
+            .map(|(key, h)| {
+                let in_flight = per_host.saturating_sub(h.permits.available_permits());
+                // The slot is held through a spaced request (in flight): its wait is after it.
+                let (delay_ms, wait_ms) = match h.slot.try_lock() {
+                    Ok(slot) => (
+                        slot.delay_ms.max(self.config.host_delay_ms),
+                        slot.next_at
+                            .map_or(0, |at| at.saturating_duration_since(now).as_millis() as u64),
+                    ),
+                    Err(_) => (self.config.host_delay_ms, 0),
+                };
+                HostState { host: key.clone(), in_flight, delay_ms, wait_ms }
+            })
+            .collect();
+        out.sort_by(|a, b| a.host.cmp(&b.host));
+        out
     }
 
     fn host(&self, url: &Url) -> Arc<Host> {

@@ -14,8 +14,8 @@ pub mod urls;
 pub mod warc;
 
 pub use fetch::{
-    FetchError, FetchLimits, Fetcher, HostCount, HttpFetcher, Polite, PolitenessConfig, Received,
-    Response, Validators,
+    FetchError, FetchLimits, Fetcher, HostCount, HostState, HttpFetcher, Polite, PolitenessConfig,
+    Received, Response, Validators,
 };
 pub use parse::{content_hash, decode, parse, parse_for_index, Link, ParsedPage, Refresh};
 pub use robots::{RobotsCache, Verdict};

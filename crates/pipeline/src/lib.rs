@@ -556,6 +556,16 @@ impl Pipeline {
         Ok(perc_observers::recrawl_due(&self.client, now, limit).await?)
     }
 
+    /// What politeness does with each host this process crawls, now (none offline).
+    pub fn host_states(&self) -> Vec<perc_crawl::HostState> {
+        self.polite.as_ref().map_or_else(Vec::new, |p| p.host_states())
+    }
+
+    /// This process's observer counters (runs, commits, ...), as they are now.
+    pub fn observer_stats(&self) -> Vec<perc_notify::ObserverStats> {
+        self.engine.stats()
+    }
+
     /// The calls this process made to the store backend so far, by kind (RPCs on Bigtable).
     pub fn store_calls(&self) -> perc_store::OpCounts {
         self.calls.counts()
@@ -857,6 +867,7 @@ impl Status {
             "answered": r.answered,
             "waiting": r.waiting,
             "not_pages": r.not_pages,
+            "not_page_examples": r.not_page_examples,
             "pending": self.pending,
             "pending_by_observer": self.pending_by_observer,
             "locks": self.locks,

@@ -46,6 +46,8 @@ struct Served {
     app: Arc<Pipeline>,
     /// The search index (`search.enabled`), kept by [`index_loop`].
     search: Option<Arc<SearchIndex>>,
+    /// This process's fetch and parse rates over the last minutes ([`sample_rates`]).
+    rates: std::sync::Mutex<std::collections::VecDeque<Rate>>,
     query_bytes_max: usize,
     /// The write endpoints' token (its hash: compared in constant time); none: writes are
     /// refused.
@@ -127,10 +129,11 @@ pub async fn run(
     let state = Arc::new(Served {
         app: app.clone(),
         search,
+        rates: Default::default(),
         query_bytes_max: usize::try_from(config.body_bytes_max).unwrap_or(usize::MAX),
         token: token.map(|t| blake3::hash(t.as_bytes())),
     });
-    let router = router(state, config);
+    let router = router(state.clone(), config);
     let shutdown = stop.clone();
     let grace = Duration::from_millis(config.shutdown_ms);
     let stopping = stop.clone();
@@ -150,8 +153,14 @@ pub async fn run(
             let _ = indexer.await;
         }
     };
-    let (worked, served, (), ()) =
-        tokio::join!(app.work(&stop), server, recrawl(&app, &stop), indexed);
+    let (worked, served, (), (), ()) = tokio::join!(
+        app.work(&stop),
+        server,
+        recrawl(&app, &stop),
+        indexed,
+        sample_rates(&state, &stop)
+    );
+    drop(state);
     if let Some(f) = address_file {
         let _ = std::fs::remove_file(f);
     }
@@ -177,6 +186,49 @@ async fn recrawl(app: &Pipeline, stop: &CancellationToken) {
             Ok(n) => tracing::debug!("recrawl: {n} URLs due"),
             Err(e) => tracing::warn!(error = %e, "recrawl: cannot ask for the due URLs"),
         }
+    }
+}
+
+/// One point of the status page's chart: this process's fetches and parses a second over
+/// the [`RATE_SAMPLE_MS`] before `ms`.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct Rate {
+    ms: u64,
+    fetched_per_s: f64,
+    parsed_per_s: f64,
+}
+
+/// How often the rates are sampled, and how many samples are kept (10 minutes).
+const RATE_SAMPLE_MS: u64 = 2_000;
+const RATES_KEPT: usize = 300;
+
+/// Samples this process's fetch runs and parse commits every [`RATE_SAMPLE_MS`] (counters
+/// in memory: no store read) into `served.rates`, until `stop`.
+async fn sample_rates(served: &Served, stop: &CancellationToken) {
+    let counts = || {
+        let stats = served.app.observer_stats();
+        let of = |name: &str| stats.iter().find(|s| s.name == name);
+        (of("fetch").map_or(0, |s| s.runs), of("parse").map_or(0, |s| s.commits))
+    };
+    let mut last = (served.app.client.clock().now_ms(), counts());
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(RATE_SAMPLE_MS)) => {}
+        }
+        let now = (served.app.client.clock().now_ms(), counts());
+        let secs = (now.0.saturating_sub(last.0) as f64 / 1000.0).max(0.001);
+        let rate = Rate {
+            ms: now.0,
+            fetched_per_s: now.1 .0.saturating_sub(last.1 .0) as f64 / secs,
+            parsed_per_s: now.1 .1.saturating_sub(last.1 .1) as f64 / secs,
+        };
+        last = now;
+        let mut rates = served.rates.lock().unwrap_or_else(|p| p.into_inner());
+        if rates.len() == RATES_KEPT {
+            rates.pop_front();
+        }
+        rates.push_back(rate);
     }
 }
 
@@ -239,6 +291,7 @@ fn router(state: Arc<Served>, config: &ServeConfig) -> Router {
         .route("/v1/export", get(export))
         .route("/v1/search", get(search))
         .route("/metrics", get(scrape))
+        .route("/", get(page_of_status))
         .route("/v1/seeds", post(seeds))
         .route("/v1/refetch", post(refetch))
         .fallback(unknown_path)
@@ -302,6 +355,41 @@ impl From<PipelineError> for ApiError {
 }
 
 impl Served {
+    /// `/v1/status`'s JSON: `perc status`'s, and what a server knows besides: the search
+    /// index's documents, the recrawl's lag and next URLs, each host's politeness state,
+    /// the fetch and parse rates of the last minutes.
+    async fn status_json(
+        &self,
+        status: perc_pipeline::Status,
+    ) -> Result<serde_json::Value, ApiError> {
+        let mut v = status.to_json();
+        if let Some(index) = &self.search {
+            v["search"] = serde_json::json!({"documents": index.len()});
+        }
+        let (lag_ms, next) = self.app.recrawl_queue(NEXT_RECRAWLS).await?;
+        let next: Vec<serde_json::Value> = next
+            .into_iter()
+            .map(|(ms, url)| serde_json::json!({"url": url, "due_ms": ms}))
+            .collect();
+        v["recrawl"] = serde_json::json!({"lag_s": lag_ms as f64 / 1000.0, "next": next});
+        v["politeness"] = self
+            .app
+            .host_states()
+            .into_iter()
+            .map(|h| {
+                serde_json::json!({
+                    "host": h.host, "in_flight": h.in_flight,
+                    "delay_ms": h.delay_ms, "wait_ms": h.wait_ms,
+                })
+            })
+            .collect();
+        let rates: Vec<Rate> =
+            self.rates.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+        v["rates"] = serde_json::json!(rates);
+        v["now_ms"] = self.app.client.clock().now_ms().into();
+        Ok(v)
+    }
+
     /// Whether `headers` carry the write endpoints' bearer token.
     fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(want) = self.token else {
@@ -530,6 +618,40 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     Ok(Json(serde_json::json!({"query": query, "hits": hits})).into_response())
 }
 
+/// The recrawls `/v1/status` lists.
+const NEXT_RECRAWLS: usize = 10;
+
+/// The status page.
+const STATUS_PAGE: &str = include_str!("status.html");
+
+/// How often the status page asks `/v1/status` again.
+const STATUS_POLL_MS: u64 = 2_000;
+
+/// `GET /`: the status page (docs/serve.md, "Status page"): the numbers as they are now,
+/// rendered here, and a small script that asks `/v1/status` every [`STATUS_POLL_MS`] and
+/// redraws them, the chart and the tables.
+async fn page_of_status(State(s): State<Arc<Served>>) -> Answer {
+    let st = s.app.status().await?;
+    let (lag_ms, _) = s.app.recrawl_queue(1).await?;
+    let documents = s.search.as_ref().map_or_else(|| "off".to_string(), |i| i.len().to_string());
+    let html = STATUS_PAGE
+        .replace("{{data}}", &escape(&s.app.config().store.data))
+        .replace("{{pages}}", &st.report.pages.to_string())
+        .replace("{{fetched}}", &st.report.fetched.to_string())
+        .replace("{{waiting}}", &st.report.waiting.to_string())
+        .replace("{{pending}}", &st.pending.to_string())
+        .replace("{{clusters}}", &st.report.duplicate_clusters.to_string())
+        .replace("{{documents}}", &documents)
+        .replace("{{lag}}", &format!("{:.1}", lag_ms as f64 / 1000.0))
+        .replace("{{poll_ms}}", &STATUS_POLL_MS.to_string());
+    Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response())
+}
+
+/// Text for HTML.
+fn escape(raw: &str) -> String {
+    raw.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
 /// `GET /metrics`: Prometheus text (see [`metrics`]).
 async fn scrape(State(s): State<Arc<Served>>) -> Answer {
     let text = metrics::render(&s.app, s.search.as_deref()).await?;
@@ -554,11 +676,7 @@ async fn status(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
             ))
         }
     }
-    let mut status = status.to_json();
-    if let Some(index) = &s.search {
-        status["search"] = serde_json::json!({"documents": index.len()});
-    }
-    Ok(Json(status).into_response())
+    Ok(Json(s.status_json(status).await?).into_response())
 }
 
 /// `GET /v1/export`: the export as JSON Lines, streamed: the bytes `perc export` writes. The

@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 use perc_cli::site;
 
+pub mod server;
+
 pub const PERC: &str = env!("CARGO_BIN_EXE_perc");
 
 /// The repository's top directory.

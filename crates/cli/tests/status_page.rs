@@ -1,0 +1,152 @@
+//! `perc serve`'s status page (`GET /`) in a real browser: Debian's chromium, driven through
+//! chromedriver by fantoccini. The page is loaded while the demo site is crawled; the test
+//! waits until it shows the fixture's page count (the page polls `/v1/status` by itself),
+//! checks the numbers and tables it shows against `/v1/status`, and saves a screenshot as
+//! `target/status-page.png` for review. `make test` installs chromium and chromium-driver;
+//! CHROMIUM and CHROMEDRIVER name other binaries.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+
+mod common;
+
+use common::server::Server;
+use common::{root, seeds, Site};
+
+/// chromedriver on a free loopback port, killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    fn start() -> Driver {
+        let binary = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(&binary)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run {binary} ({e}): install chromium and chromium-driver (make test does)")
+            });
+        // Ready once it accepts connections.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "{binary} did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Driver { child, url: format!("http://127.0.0.1:{port}") }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let caps = serde_json::json!({
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,1400"],
+        }
+    });
+    let serde_json::Value::Object(caps) = caps else { unreachable!() };
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .unwrap_or_else(|e| panic!("no browser session through {}: {e}", driver.url))
+}
+
+/// The text of the element with `id`.
+async fn shown(page: &Client, id: &str) -> String {
+    page.find(Locator::Id(id)).await.unwrap().text().await.unwrap()
+}
+
+/// The rows of a table's body, each as the text of its cells.
+async fn table(page: &Client, id: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    for row in page.find_all(Locator::Css(&format!("#{id} tbody tr"))).await.unwrap() {
+        let mut cells = Vec::new();
+        for cell in row.find_all(Locator::Css("td")).await.unwrap() {
+            cells.push(cell.text().await.unwrap());
+        }
+        rows.push(cells);
+    }
+    rows
+}
+
+#[test]
+fn the_status_page_shows_the_crawl_in_a_browser() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("data");
+    let server = Server::start(&data, &["--seeds", s.to_str().unwrap()]);
+    let driver = Driver::start();
+    // Multi-threaded: the server is asked with a blocking client (block_in_place) between the
+    // browser's steps.
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let page = browser(&driver).await;
+        page.goto(&format!("{}/", server.base)).await.unwrap();
+        assert!(page.title().await.unwrap().starts_with("perc serve"));
+        // The page updates itself: wait until it shows the whole demo, indexed and searchable.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (pages, pending, documents) = (
+                shown(&page, "pages").await,
+                shown(&page, "pending").await,
+                shown(&page, "documents").await,
+            );
+            if (pages.as_str(), pending.as_str(), documents.as_str()) == ("17", "0", "13") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a minute and the page shows {pages} pages, {pending} pending, {documents} documents"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // What it shows is what /v1/status says.
+        let status = tokio::task::block_in_place(|| server.json("/v1/status"));
+        for (id, key) in [("fetched", "fetched"), ("waiting", "waiting"), ("clusters", "duplicate_clusters")] {
+            assert_eq!(shown(&page, id).await, status[key].to_string(), "#{id}");
+        }
+        let observers = table(&page, "observers").await;
+        let parse = observers.iter().find(|r| r[0] == "parse").expect("a parse row");
+        assert_eq!(parse[2], status["observers"]["parse"]["runs"].to_string(), "{observers:?}");
+        let hosts = table(&page, "hosts").await;
+        assert_eq!(hosts.len(), 1, "{hosts:?}");
+        assert_eq!(hosts[0][0], site.base().trim_end_matches('/'));
+        assert_eq!(hosts[0][1], status["hosts"][&hosts[0][0]]["requests"].to_string());
+        let errors = table(&page, "errors").await;
+        let missing = errors.iter().find(|r| r[0] == "HTTP 404").expect("the 404s");
+        assert_eq!(missing[1], status["not_pages"]["HTTP 404"].to_string());
+        assert!(missing[2].contains(&site.url("")), "an example URL: {errors:?}");
+        let recrawls = table(&page, "recrawls").await;
+        assert_eq!(recrawls.len(), 10, "{recrawls:?}");
+        assert!(recrawls.iter().all(|r| r[1].starts_with(&site.base())), "{recrawls:?}");
+        // The chart has a line once the rates have a sample (every 2 s): not waited for here.
+        let screenshot = page.screenshot().await.unwrap();
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map_or_else(|_| root().join("target"), std::path::PathBuf::from);
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(target.join("status-page.png"), &screenshot).unwrap();
+        assert!(screenshot.starts_with(b"\x89PNG"), "a PNG");
+        page.close().await.unwrap();
+    });
+    assert_eq!(server.terminate(), Some(0));
+}
