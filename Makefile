@@ -24,7 +24,9 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	$(CARGO) fmt --all --check
 
+# (perc-bench's serve suite runs the perc binary beside it.)
 bench:
+	$(CARGO) build --release -p perc-cli
 	$(CARGO) run --release -p perc-bench -- all
 
 # Rewrite the recorded output of the golden scripts; review the diff before committing.

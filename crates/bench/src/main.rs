@@ -11,6 +11,7 @@ mod layout;
 mod notify;
 mod pipeline;
 mod scaling;
+mod serve;
 mod table;
 
 #[global_allocator]
@@ -63,6 +64,9 @@ enum Suite {
     /// Records the Rust std docs as a WARC (the real web `datapath` measures), to measure it
     /// again with `datapath --warc OUT`.
     StdDocsWarc { out: std::path::PathBuf },
+    /// perc serve (issue #11): API latency with 64 clients during a crawl, the crawl's rate
+    /// with and without them, freshness with a 1 s minimum revisit interval.
+    Serve,
     /// Every suite.
     All,
 }
@@ -80,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         Suite::DatapathOne { warc } => datapath::one(&warc),
         Suite::SledLayout => layout::run(args.scale),
         Suite::StdDocsWarc { out } => datapath::std_docs_warc(&out),
+        Suite::Serve => serve::run(args.scale),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
@@ -87,6 +92,7 @@ fn main() -> anyhow::Result<()> {
             distributed::run(args.scale)?;
             datapath::run(args.scale, &[])?;
             layout::run(args.scale)?;
+            serve::run(args.scale)?;
             scaling::run(args.scale)
         }
     }

@@ -140,6 +140,8 @@ pub struct Serve {
     pub request_timeout_ms: u64,
     /// How long a stop waits for the requests in flight.
     pub shutdown_ms: u64,
+    /// Threads that answer the API (beside the observers' and the crawler's).
+    pub api_threads: usize,
     /// The bearer token of the write endpoints; empty: the one in DATA/serve.token (made
     /// at the first start). Listening beyond loopback needs one set here.
     pub token: String,
@@ -370,6 +372,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("serve.body_bytes_max", 1024, 1 << 30),
     ("serve.request_timeout_ms", 1, i64::MAX),
     ("serve.shutdown_ms", 0, i64::MAX),
+    ("serve.api_threads", 1, 256),
     ("search.tick_ms", 1, i64::MAX),
     ("search.batch", 1, 1_000_000),
     ("search.limit_max", 1, 10_000),

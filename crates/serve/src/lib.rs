@@ -137,7 +137,18 @@ pub async fn run(
     let shutdown = stop.clone();
     let grace = Duration::from_millis(config.shutdown_ms);
     let stopping = stop.clone();
-    let server = async move {
+    // The API runs on threads of its own: an observer run that parses a big page holds its
+    // worker thread for milliseconds, and a request queued behind it would wait as long;
+    // the kernel shares the cores between the two runtimes' threads instead.
+    let api = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.api_threads)
+        .thread_name("perc-api")
+        .enable_all()
+        .build()
+        .map_err(io("cannot start the API's threads"))?;
+    let listener = listener.into_std().map_err(io("cannot hand over the listener"))?;
+    let serving = api.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         let serving = axum::serve(listener, router)
             .with_graceful_shutdown(async move { shutdown.cancelled().await });
         let serving = serving.into_future();
@@ -147,6 +158,9 @@ pub async fn run(
             r = &mut serving => r,
             _ = stop_then(grace, &stopping) => Ok(()),
         }
+    });
+    let server = async move {
+        serving.await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
     };
     let indexed = async {
         if let Some(indexer) = indexer {
@@ -161,6 +175,7 @@ pub async fn run(
         sample_rates(&state, &stop)
     );
     drop(state);
+    api.shutdown_background();
     if let Some(f) = address_file {
         let _ = std::fs::remove_file(f);
     }

@@ -99,7 +99,8 @@ fn splitmix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-const WORDS: [&str; 64] = [
+/// The words of the pages' text (and so what a search of a synthetic web finds).
+pub const WORDS: [&str; 64] = [
     "index", "page", "widget", "gadget", "crawl", "order", "shipping", "price", "review", "about",
     "news", "story", "market", "garden", "river", "stone", "city", "light", "winter", "summer",
     "north", "south", "paper", "engine", "table", "window", "music", "history", "travel", "recipe",

@@ -1,0 +1,333 @@
+//! `perc serve` under load (issue #11), with the perc binary beside this one in processes
+//! of their own, as a user runs them: the API's latency with 64 concurrent clients asking
+//! `canonical` and `search` on loopback while a synthetic site is crawled, the crawl's rate
+//! with and without those clients, and freshness: how long after a page of the demo site
+//! changes the API shows it, with a 1-second minimum revisit interval.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::table::{scaled, Table};
+
+/// The API's clients during the loaded crawl.
+const CLIENTS: usize = 64;
+
+/// Changes of the demo site timed for freshness.
+const CHANGES: usize = 20;
+
+pub fn run(scale: f64) -> Result<()> {
+    let perc = perc_binary()?;
+    let pages = scaled(3000, scale) as usize;
+    let tmp = tempfile::tempdir()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let site_dir = tmp.path().join("site");
+    let web = perc_synth::Web::new(perc_synth::Spec::new(pages, 11));
+    perc_synth::write::site(&web, &site_dir)?;
+    let site = rt.block_on(perc_cli::site::serve(&site_dir))?;
+    let base = site.base();
+    let urls: Vec<String> = (0..pages)
+        .map(|i| base.join(&perc_synth::Web::path(i)).map(String::from))
+        .collect::<Result<_, _>>()?;
+
+    let quiet = rt.block_on(crawl(&perc, &tmp.path().join("quiet"), base.as_str(), &urls, 0))?;
+    let loaded =
+        rt.block_on(crawl(&perc, &tmp.path().join("loaded"), base.as_str(), &urls, CLIENTS))?;
+    let fresh = rt.block_on(freshness(&perc, tmp.path()))?;
+
+    let mut t = Table::new();
+    t.add("synthetic site", format!("{pages} pages"), "perc-synth, seed 11, served on loopback");
+    let rate = |c: &Crawled| format!("{:.0} pages/s", c.pages as f64 / c.secs);
+    t.add(
+        "crawl, no API load",
+        rate(&quiet),
+        format!("{} pages in {:.1} s", quiet.pages, quiet.secs),
+    );
+    t.add(
+        format!("crawl, {CLIENTS} API clients"),
+        rate(&loaded),
+        format!(
+            "{} pages in {:.1} s; ratio to no load {:.2}",
+            loaded.pages,
+            loaded.secs,
+            quiet.secs / loaded.secs
+        ),
+    );
+    for (name, goal, lat) in
+        [("canonical", 10.0, &loaded.canonical), ("search", 50.0, &loaded.search)]
+    {
+        t.add(
+            format!("GET /v1/{name}, {CLIENTS} clients, during the crawl"),
+            format!("p50 {:.2} ms, p99 {:.2} ms", pct(lat, 50.0), pct(lat, 99.0)),
+            format!(
+                "{} requests, {:.0}/s; goal p99 ≤ {goal} ms",
+                lat.len(),
+                lat.len() as f64 / loaded.secs
+            ),
+        );
+    }
+    for (name, lat) in
+        [("/v1/page shows the change", &fresh.page), ("/v1/search finds it", &fresh.search)]
+    {
+        t.add(
+            format!("freshness: {name}"),
+            format!("p50 {:.2} s, max {:.2} s", pct(lat, 50.0), pct(lat, 100.0)),
+            format!("{CHANGES} changes of the demo site; recrawl 1-2 s; goal p50 ≤ 2 s"),
+        );
+    }
+    t.print("perc serve: API latency under load, crawl rate, freshness");
+    Ok(())
+}
+
+/// The perc binary beside this one (`make bench` builds both).
+fn perc_binary() -> Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let perc = me.with_file_name("perc");
+    if !perc.exists() {
+        bail!("{} is missing: build it first (cargo build --release -p perc-cli)", perc.display());
+    }
+    Ok(perc)
+}
+
+/// A `perc serve` child, stopped with SIGTERM when dropped.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Served {
+    fn start(perc: &Path, data: &Path, sets: &[&str], seeds: Option<&Path>) -> Result<Served> {
+        let mut c = Command::new(perc);
+        c.arg("--data").arg(data);
+        for s in sets {
+            c.args(["--set", s]);
+        }
+        c.args(["serve", "--listen", "127.0.0.1:0"]);
+        if let Some(s) = seeds {
+            c.arg("--seeds").arg(s);
+        }
+        let mut child = c.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        let base = line
+            .trim()
+            .strip_prefix("perc serve: listening on ")
+            .ok_or_else(|| anyhow!("perc serve said {line:?}"))?
+            .to_string();
+        Ok(Served { child, base })
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
+
+async fn status(http: &reqwest::Client, base: &str) -> Result<serde_json::Value> {
+    Ok(http.get(format!("{base}/v1/status")).send().await?.error_for_status()?.json().await?)
+}
+
+struct Crawled {
+    pages: u64,
+    secs: f64,
+    canonical: Vec<f64>,
+    search: Vec<f64>,
+}
+
+/// Crawls the site from its first page under `perc serve` on a new store at `data`, with
+/// `clients` API clients asking all the while; done when nothing waits or is pending.
+async fn crawl(
+    perc: &Path,
+    data: &Path,
+    base: &str,
+    urls: &[String],
+    clients: usize,
+) -> Result<Crawled> {
+    std::fs::create_dir_all(data)?;
+    let seeds = data.with_extension("seeds");
+    std::fs::write(&seeds, format!("{}\n", urls[0]))?;
+    let started = Instant::now();
+    let server = Served::start(perc, data, &["crawl.sitemaps=false"], Some(&seeds))?;
+    let http = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).build()?;
+    let done = Arc::new(AtomicBool::new(false));
+    let latencies = Arc::new(Mutex::new((Vec::new(), Vec::new())));
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (http, api, done, latencies) =
+            (http.clone(), server.base.clone(), done.clone(), latencies.clone());
+        let urls = urls.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(c as u64);
+            let (mut canonical, mut search) = (Vec::new(), Vec::new());
+            while !done.load(Ordering::Relaxed) {
+                let asked = Instant::now();
+                let is_search = rng.random_bool(0.5);
+                let r = if is_search {
+                    let w = perc_synth::WORDS;
+                    let q = format!(
+                        "{} {}",
+                        w[rng.random_range(0..w.len())],
+                        w[rng.random_range(0..w.len())]
+                    );
+                    http.get(format!("{api}/v1/search"))
+                        .query(&[("q", q.as_str()), ("limit", "10")])
+                        .send()
+                        .await
+                } else {
+                    let u = &urls[rng.random_range(0..urls.len())];
+                    http.get(format!("{api}/v1/canonical"))
+                        .query(&[("url", u.as_str())])
+                        .send()
+                        .await
+                };
+                let ok = match r {
+                    Ok(r) => matches!(r.status().as_u16(), 200 | 404) && r.bytes().await.is_ok(),
+                    Err(_) => false,
+                };
+                let ms = asked.elapsed().as_secs_f64() * 1000.0;
+                if ok {
+                    if is_search {
+                        search.push(ms)
+                    } else {
+                        canonical.push(ms)
+                    }
+                }
+            }
+            let mut all = latencies.lock().unwrap();
+            all.0.extend(canonical);
+            all.1.extend(search);
+        }));
+    }
+    let deadline = started + Duration::from_secs(1800);
+    let pages = loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let s = status(&http, &server.base).await?;
+        if s["fetched"].as_u64() > Some(1) && s["waiting"] == 0 && s["pending"] == 0 {
+            break s["pages"].as_u64().unwrap_or(0);
+        }
+        if Instant::now() > deadline {
+            bail!("the crawl of {base} did not end in 30 minutes: {s}");
+        }
+    };
+    let secs = started.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await?;
+    }
+    drop(server);
+    let (canonical, search) = std::mem::take(&mut *latencies.lock().unwrap());
+    Ok(Crawled { pages, secs, canonical, search })
+}
+
+struct Fresh {
+    page: Vec<f64>,
+    search: Vec<f64>,
+}
+
+/// The demo site served from a copy, crawled under `perc serve` with 1-2 s recrawl
+/// intervals; then [`CHANGES`] times: a page gets a new word, and the time until
+/// `/v1/page` shows its new content hash and `/v1/search` finds the word.
+async fn freshness(perc: &Path, tmp: &Path) -> Result<Fresh> {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/sites/demo");
+    let dir = tmp.join("demo");
+    copy_dir(&demo, &dir)?;
+    let site = perc_cli::site::serve(&dir).await?;
+    let data = tmp.join("fresh");
+    std::fs::create_dir_all(&data)?;
+    let seeds = tmp.join("fresh.seeds");
+    std::fs::write(&seeds, format!("{}\n", site.base()))?;
+    let sets = [
+        "recrawl.interval_s=1",
+        "recrawl.min_interval_s=1",
+        "recrawl.max_interval_s=2",
+        "recrawl.tick_ms=100",
+    ];
+    let server = Served::start(perc, &data, &sets, Some(&seeds))?;
+    let http = reqwest::Client::new();
+    loop {
+        let s = status(&http, &server.base).await?;
+        if s["pages"].as_u64() >= Some(17) && s["pending"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let page = site.base().join("about.html")?.to_string();
+    let file = dir.join("about.html");
+    let original = std::fs::read_to_string(&file)?;
+    let hash = |v: &serde_json::Value| v["content_hash"].as_str().unwrap_or("").to_string();
+    let get_page = || async {
+        let r = http
+            .get(format!("{}/v1/page", server.base))
+            .query(&[("url", page.as_str())])
+            .send()
+            .await?;
+        Ok::<serde_json::Value, anyhow::Error>(r.json().await?)
+    };
+    let mut fresh = Fresh { page: Vec::new(), search: Vec::new() };
+    for k in 0..CHANGES {
+        let before = hash(&get_page().await?);
+        let word = format!("freshness{k}x");
+        std::fs::write(&file, original.replace("</body>", &format!("<p>{word}</p></body>")))
+            .context("changing the page")?;
+        let changed = Instant::now();
+        let (mut seen_page, mut seen_search) = (None, None);
+        while seen_page.is_none() || seen_search.is_none() {
+            if changed.elapsed() > Duration::from_secs(60) {
+                bail!("change {k} not visible in a minute");
+            }
+            if seen_page.is_none() && hash(&get_page().await?) != before {
+                seen_page = Some(changed.elapsed().as_secs_f64());
+            }
+            if seen_search.is_none() {
+                let r = http
+                    .get(format!("{}/v1/search", server.base))
+                    .query(&[("q", word.as_str())])
+                    .send()
+                    .await?;
+                let v: serde_json::Value = r.json().await?;
+                if v["hits"].as_array().is_some_and(|h| !h.is_empty()) {
+                    seen_search = Some(changed.elapsed().as_secs_f64());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        fresh.page.extend(seen_page);
+        fresh.search.extend(seen_search);
+    }
+    drop(server);
+    Ok(fresh)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+/// The `p`th percentile of `v` (nearest rank), 0 for none.
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
