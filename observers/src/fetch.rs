@@ -101,7 +101,15 @@ impl Observer for Fetch {
             }
             print
         };
-        let changed = state.as_ref().is_none_or(|s| s.written != written);
+        let content = match &state {
+            Some(s) if not_modified => s.content.clone(),
+            _ => fingerprint(&RawHead { depth: 0, hops: 0, ..head.clone() }, &body),
+        };
+        // A change of what the server sends; a state of before `content` compares `written`.
+        let changed = state.as_ref().is_none_or(|s| match s.content.is_empty() {
+            true => s.written != written,
+            false => s.content != content,
+        });
         if not_modified {
             validators = asked;
         }
@@ -122,6 +130,7 @@ impl Observer for Fetch {
             etag: validators.etag,
             last_modified: validators.last_modified,
             written,
+            content,
             changed: was_changed + u32::from(changed && state.is_some()),
             unchanged: was_unchanged + u32::from(!changed),
         };

@@ -117,6 +117,22 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
         serde_json::json!([site.url("products/widget-care-print.html")])
     );
     assert_eq!(v["fetch"]["interval_s"], 600, "its prefix's interval: {page}");
+    // One crawl, no change: every page is due after its first interval (a page reached again
+    // by a shorter path is fetched again, and that is no change of it).
+    for line in crawled.lines() {
+        let url = serde_json::from_str::<serde_json::Value>(line).unwrap()["url"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let page = ok(&perc(&crawl_data, &["page", &url]));
+        let fetch = &serde_json::from_str::<serde_json::Value>(&page).unwrap()["fetch"];
+        let first = if url.contains("/products/") { 600 } else { 86400 };
+        assert_eq!(
+            (fetch["interval_s"].as_u64(), fetch["changed"].as_u64()),
+            (Some(first), Some(0)),
+            "{page}"
+        );
+    }
     let page = ok(&perc(&crawl_data, &["page", &site.url("gadget-moved.html")]));
     assert!(page.contains("refresh redirect to"), "{page}");
     // search: canonical pages only (the copy of about.html is not one; post1 is noindex),

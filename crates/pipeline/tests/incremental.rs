@@ -728,3 +728,40 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
         );
     });
 }
+
+/// The recrawl's interval follows what the server sends: a page fetched again because a
+/// shorter path reached it (a new depth in its raw head) has not changed, and its interval
+/// doubles; a page whose body changed has, and its interval halves.
+#[test]
+fn a_shorter_path_to_a_page_is_no_change_of_it() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let web = Web::default();
+        web.set("http://site.test/a", html("<title>a</title><a href=\"/b\">b</a>".into()));
+        web.set("http://site.test/b", html("<title>b</title><p>the b page</p>".into()));
+        let h = harness(&web).await;
+        let scope = |seed: &str| CrawlScope {
+            seeds: vec![seed.into()],
+            prefixes: vec![],
+            max_depth: 5,
+            max_redirects: 2,
+        };
+        let (a, b) =
+            (Url::parse("http://site.test/a").unwrap(), Url::parse("http://site.test/b").unwrap());
+        async fn state(client: &perc_txn::Client, b: &Url) -> (u64, u32, u32) {
+            let s = perc_observers::fetch_state(client, b).await.unwrap().expect("fetched");
+            (s.interval_s, s.changed, s.unchanged)
+        }
+        perc_observers::seed(&h.client, &[a.clone()], &scope("http://site.test/a")).await.unwrap();
+        h.engine.run_until_quiet().await.unwrap();
+        assert_eq!(state(&h.client, &b).await, (86_400, 0, 0), "found at depth 1");
+        // b as a seed: depth 0, fetched again, the same page.
+        perc_observers::seed(&h.client, &[b.clone()], &scope("http://site.test/b")).await.unwrap();
+        h.engine.run_until_quiet().await.unwrap();
+        assert_eq!(state(&h.client, &b).await, (172_800, 0, 1), "a new depth is no change");
+        web.set("http://site.test/b", html("<title>b</title><p>b, changed</p>".into()));
+        perc_observers::refetch(&h.client, &[b.clone()]).await.unwrap();
+        h.engine.run_until_quiet().await.unwrap();
+        assert_eq!(state(&h.client, &b).await, (86_400, 1, 1), "a new body is");
+    });
+}

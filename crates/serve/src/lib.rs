@@ -159,9 +159,8 @@ pub async fn run(
             _ = stop_then(grace, &stopping) => Ok(()),
         }
     });
-    let server = async move {
-        serving.await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
-    };
+    let server =
+        async move { serving.await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))) };
     let indexed = async {
         if let Some(indexer) = indexer {
             let _ = indexer.await;

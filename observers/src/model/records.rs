@@ -42,6 +42,12 @@ pub struct FetchState {
     pub etag: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_modified: Option<String>,
+    /// blake3 (hex) of what the server last sent (the head without the crawl's depth and
+    /// hops, and the body): a fetch that finds it different found a change, which halves
+    /// the interval (a shorter path to the page is no change of it). Empty in states written
+    /// before it was kept: `written` stands in.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub content: String,
     /// blake3 (hex) of the `crawl:raw` head and body it last wrote: a fetch that would write
     /// the same writes nothing (no new version, no parse run).
     pub written: String,
