@@ -752,15 +752,19 @@ fn a_shorter_path_to_a_page_is_no_change_of_it() {
             let s = perc_observers::fetch_state(client, b).await.unwrap().expect("fetched");
             (s.interval_s, s.changed, s.unchanged)
         }
-        perc_observers::seed(&h.client, &[a.clone()], &scope("http://site.test/a")).await.unwrap();
+        perc_observers::seed(&h.client, std::slice::from_ref(&a), &scope("http://site.test/a"))
+            .await
+            .unwrap();
         h.engine.run_until_quiet().await.unwrap();
         assert_eq!(state(&h.client, &b).await, (86_400, 0, 0), "found at depth 1");
         // b as a seed: depth 0, fetched again, the same page.
-        perc_observers::seed(&h.client, &[b.clone()], &scope("http://site.test/b")).await.unwrap();
+        perc_observers::seed(&h.client, std::slice::from_ref(&b), &scope("http://site.test/b"))
+            .await
+            .unwrap();
         h.engine.run_until_quiet().await.unwrap();
         assert_eq!(state(&h.client, &b).await, (172_800, 0, 1), "a new depth is no change");
         web.set("http://site.test/b", html("<title>b</title><p>b, changed</p>".into()));
-        perc_observers::refetch(&h.client, &[b.clone()]).await.unwrap();
+        perc_observers::refetch(&h.client, std::slice::from_ref(&b)).await.unwrap();
         h.engine.run_until_quiet().await.unwrap();
         assert_eq!(state(&h.client, &b).await, (86_400, 1, 1), "a new body is");
     });
