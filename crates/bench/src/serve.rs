@@ -182,6 +182,8 @@ async fn crawl(
                 i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 i
             });
+            // A connection first, untimed: the loop times answers, not TCP handshakes.
+            let _ = http.get(format!("{api}/v1/canonical")).query(&[("url", &urls[0])]).send().await;
             while !done.load(Ordering::Relaxed) {
                 if let Some(t) = ticks.as_mut() {
                     t.tick().await;
@@ -227,7 +229,8 @@ async fn crawl(
     let deadline = started + Duration::from_secs(1800);
     let mut idle_looks = 0;
     let pages = loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        // As often as the status page asks.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         let s = status(&http, &server.base).await?;
         let pages = s["pages"].as_u64().unwrap_or(0);
         let idle = s["fetched"].as_u64() > Some(1) && s["waiting"] == 0 && s["pending"] == 0;

@@ -632,6 +632,13 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     Ok(Json(serde_json::json!({"query": query, "hits": hits})).into_response())
 }
 
+/// `perc status`'s read (a scan of the page rows: tens of ms on a big index) on a blocking
+/// thread, so that the API's threads go on answering the small questions meanwhile.
+async fn status_off_the_api(app: &Arc<Pipeline>) -> Result<perc_pipeline::Status, ApiError> {
+    let app = app.clone();
+    blocking(move |rt| rt.block_on(app.status())).await
+}
+
 /// The recrawls `/v1/status` lists.
 const NEXT_RECRAWLS: usize = 10;
 
@@ -645,7 +652,7 @@ const STATUS_POLL_MS: u64 = 2_000;
 /// rendered here, and a small script that asks `/v1/status` every [`STATUS_POLL_MS`] and
 /// redraws them, the chart and the tables.
 async fn page_of_status(State(s): State<Arc<Served>>) -> Answer {
-    let st = s.app.status().await?;
+    let st = status_off_the_api(&s.app).await?;
     let (lag_ms, _) = s.app.recrawl_queue(1).await?;
     let documents = s.search.as_ref().map_or_else(|| "off".to_string(), |i| i.len().to_string());
     let html = STATUS_PAGE
@@ -668,7 +675,8 @@ fn escape(raw: &str) -> String {
 
 /// `GET /metrics`: Prometheus text (see [`metrics`]).
 async fn scrape(State(s): State<Arc<Served>>) -> Answer {
-    let text = metrics::render(&s.app, s.search.as_deref()).await?;
+    let status = status_off_the_api(&s.app).await?;
+    let text = metrics::render(&s.app, status, s.search.as_deref()).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
@@ -676,7 +684,7 @@ async fn scrape(State(s): State<Arc<Served>>) -> Answer {
 /// `?format=text`: the text `perc status` prints.
 async fn status(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     let format = optional_param(q.as_deref(), "format", s.query_bytes_max)?;
-    let status = s.app.status().await?;
+    let status = status_off_the_api(&s.app).await?;
     match format.as_deref() {
         None | Some("json") => {}
         Some("text") => {

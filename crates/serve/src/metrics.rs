@@ -76,10 +76,13 @@ fn describe() {
     );
 }
 
-/// The scrape: the index's figures set from one status read, then everything rendered.
-pub async fn render(app: &Pipeline, search: Option<&SearchIndex>) -> Result<String, PipelineError> {
+/// The scrape: the index's figures set from `st`, a status read, then everything rendered.
+pub async fn render(
+    app: &Pipeline,
+    st: perc_pipeline::Status,
+    search: Option<&SearchIndex>,
+) -> Result<String, PipelineError> {
     let Some(handle) = recorder() else { return Ok(String::new()) };
-    let st = app.status().await?;
     let r = &st.report;
     gauge!("perc_pages_indexed").set(r.pages as f64);
     gauge!("perc_duplicate_clusters").set(r.duplicate_clusters as f64);
