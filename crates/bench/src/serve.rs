@@ -183,7 +183,8 @@ async fn crawl(
                 i
             });
             // A connection first, untimed: the loop times answers, not TCP handshakes.
-            let _ = http.get(format!("{api}/v1/canonical")).query(&[("url", &urls[0])]).send().await;
+            let _ =
+                http.get(format!("{api}/v1/canonical")).query(&[("url", &urls[0])]).send().await;
             while !done.load(Ordering::Relaxed) {
                 if let Some(t) = ticks.as_mut() {
                     t.tick().await;

@@ -593,3 +593,50 @@ fn observer_commits(status: &str, observer: &str) -> usize {
         .and_then(|l| l.split_whitespace().nth(2))
         .map_or(0, |n| n.parse().unwrap())
 }
+
+/// `perc serve` on Bigtable beside a `perc worker`: the two share the table's work, the
+/// server answers while they crawl, and the export through its API is the embedded crawl's.
+#[test]
+fn perc_serve_and_a_worker_on_bigtable_crawl_to_the_embedded_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let embedded = embedded_crawl(tmp.path());
+    let (cluster, _oracle) = Cluster::start("serve");
+    let _worker = cluster.worker();
+    let data = tmp.path().join("serving");
+    let mut child = cluster
+        .command(&["--data", data.to_str().unwrap(), "--set", "serve.token=secret"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--seeds", embedded.seeds.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start perc serve");
+    let line = first_line(&mut child, "perc serve: listening on ");
+    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    let server = Proc(child);
+    let http = reqwest::blocking::Client::new();
+    let get = |path: &str| http.get(format!("{base}{path}")).send().unwrap().text().unwrap();
+    let pages = embedded.export.lines().count() as u64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let status: serde_json::Value = serde_json::from_str(&get("/v1/status")).unwrap();
+        if status["pages"].as_u64() == Some(pages)
+            && status["pending"] == 0
+            && status["waiting"] == 0
+        {
+            // The worker did part of the work.
+            assert!(status["workers"].as_u64() >= Some(1), "{status}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "two minutes and not crawled: {status}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(get("/v1/export"), embedded.export);
+    let page = first_url(&embedded.export);
+    let canonical: serde_json::Value =
+        serde_json::from_str(&get(&format!("/v1/canonical?url={page}"))).unwrap();
+    assert!(canonical["canonical"].is_string(), "{canonical}");
+    let stopped = Command::new("kill").args(["-TERM", &server.0.id().to_string()]).status();
+    assert!(stopped.unwrap().success());
+    let mut server = server;
+    assert_eq!(server.0.wait().unwrap().code(), Some(0));
+}

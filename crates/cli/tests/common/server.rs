@@ -122,6 +122,16 @@ impl Server {
     }
 }
 
+/// A test that fails leaves no server behind.
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// `answer` (status, body) to `what` must be `status` with a JSON error containing `says`.
 pub fn refused(what: &str, answer: (u16, String), status: u16, says: &str) {
     let (got, body) = answer;
