@@ -99,14 +99,13 @@ pub async fn take(
         txn.delete(row, Bytes::from_static(col::SEARCH_QUEUED));
         urls.push(url);
     }
-    let mut looked: Vec<String> = Vec::new();
+    let mut looked = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     let mut todo = urls;
     while let Some(url) = todo.pop() {
-        if looked.contains(&url) {
+        if !looked.insert(url.clone()) {
             continue;
         }
-        looked.push(url.clone());
         let row = model::page(&url);
         let line = model::get_json::<ExportLine>(txn, &row, col::EXPORT_LINE).await?;
         match line {

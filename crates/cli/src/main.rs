@@ -457,22 +457,11 @@ async fn dispatch(
             Ok(ExitCode::SUCCESS)
         }
         Command::Search { query, limit } => {
-            let max = config.search.limit_max;
-            if !(1..=max).contains(&limit) {
-                bail!("--limit {limit}: it must be 1 to {max} (search.limit_max)");
-            }
+            let limit = search_limit(&config, limit)?;
             let app = existing!(config, Fetching::Offline);
-            let hits = search(&app, &query.join(" "), limit as usize).await;
+            let hits = search(&app, &query.join(" "), limit).await;
             app.close().await?;
-            let hits = hits?;
-            if hits.is_empty() {
-                say!("no page matches {:?}", query.join(" "));
-                return Ok(ExitCode::from(1));
-            }
-            for hit in hits {
-                out!("{}", serde_json::to_string(&hit).expect("a hit serializes"));
-            }
-            Ok(ExitCode::SUCCESS)
+            print_hits(&query.join(" "), hits?)
         }
         Command::Export { out } => {
             let app = existing!(config, Fetching::Offline);
@@ -623,23 +612,12 @@ async fn through_server(
             tracing::debug!(lines = n, "exported through perc serve");
         }
         Command::Search { query, limit } => {
-            let max = config.search.limit_max;
-            if !(1..=max).contains(&limit) {
-                bail!("--limit {limit}: it must be 1 to {max} (search.limit_max)");
-            }
-            let q = query.join(" ");
-            let limit = limit.to_string();
+            let (q, limit) = (query.join(" "), search_limit(config, limit)?.to_string());
             let answer = served.get("/v1/search", &[("q", &q), ("limit", &limit)]).await?;
             let hits: Vec<perc_search::Hit> =
                 serde_json::from_value(remote::json(answer)?["hits"].take())
                     .context("perc serve's search hits")?;
-            if hits.is_empty() {
-                say!("no page matches {q:?}");
-                return Ok(ExitCode::from(1));
-            }
-            for hit in hits {
-                out!("{}", serde_json::to_string(&hit).expect("a hit serializes"));
-            }
+            return print_hits(&q, hits);
         }
         Command::Refetch { urls, all } => {
             let body = if all {
@@ -692,6 +670,27 @@ async fn through_server(
             );
         }
         _ => unreachable!("only the commands that ask the index go through a server"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `perc search --limit`, checked against `search.limit_max`.
+fn search_limit(config: &config::Config, limit: u64) -> Result<usize> {
+    let max = config.search.limit_max;
+    if !(1..=max).contains(&limit) {
+        bail!("--limit {limit}: it must be 1 to {max} (search.limit_max)");
+    }
+    Ok(usize::try_from(limit)?)
+}
+
+/// Prints search hits, a JSON object a line; exit 1, saying so, when there is none.
+fn print_hits(query: &str, hits: Vec<perc_search::Hit>) -> Result<ExitCode> {
+    if hits.is_empty() {
+        say!("no page matches {query:?}");
+        return Ok(ExitCode::from(1));
+    }
+    for hit in hits {
+        out!("{}", serde_json::to_string(&hit).expect("a hit serializes"));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -10,7 +10,8 @@
 //! method, 408 an answer not ready within `serve.request_timeout_ms`, 413 a body and 414 a
 //! query string over `serve.body_bytes_max`, 503 a store that does not answer.
 //! While it runs, `DATA/serve.json` says where it listens (written once bound, removed at
-//! a clean stop).
+//! a clean stop). Beside the API: a search indexer draining the store's search queue into
+//! `perc-search`'s index, `GET /metrics` ([`metrics`]) and the status page (`GET /`).
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -29,10 +30,10 @@ use bytes::Bytes;
 use perc_pipeline::config::Serve as ServeConfig;
 use perc_pipeline::{Pipeline, PipelineError};
 use perc_search::{SearchError, SearchIndex};
-
-mod metrics;
 use tokio_util::sync::CancellationToken;
 use url::Url;
+
+mod metrics;
 
 /// The file in the data directory that says where a running server listens.
 pub const ADDRESS_FILE: &str = "serve.json";
