@@ -291,7 +291,9 @@ fn bad_input_is_named_and_loses_nothing() {
     );
     let out = perc(&replay, &["replay", tmp.path().join("nonexistent.warc.gz").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nonexistent.warc.gz: No such file"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("nonexistent.warc.gz: No such file"), "{said}");
+    assert_eq!(said.matches("nonexistent.warc.gz").count(), 1, "the path once: {said}");
 
     // After all that, the first store still holds what it held.
     assert_eq!(export(&data, &tmp.path().join("after.jsonl")), before);

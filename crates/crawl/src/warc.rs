@@ -212,9 +212,10 @@ enum Member {
 }
 
 impl Members {
+    /// The members of the file at `path` (an error does not name it: callers say what they
+    /// were reading).
     fn open(path: &Path) -> io::Result<Members> {
-        let file = File::open(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let file = File::open(path)?;
         let mut reader = BufReader::new(file);
         let head = reader.fill_buf()?;
         let gz = head.len() >= 2 && head[0] == 0x1f && head[1] == 0x8b;
@@ -570,7 +571,11 @@ impl Recorder {
             };
             io::Error::new(e.kind(), format!("{}: {e}{hint}", path.display()))
         })?;
-        let last = if append { captures(path)? } else { HashMap::new() };
+        let last = match append {
+            true => captures(path)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?,
+            false => HashMap::new(),
+        };
         let mut recorder =
             Recorder { out: file, path: path.to_path_buf(), warcinfo: String::new(), last };
         recorder.warcinfo = recorder.write_warcinfo()?.0;
@@ -1220,8 +1225,9 @@ mod tests {
     }
 
     #[test]
-    fn missing_file_is_a_clear_error() {
+    fn missing_file_is_an_error_of_its_kind() {
+        // The caller names the file (perc replay: "cannot read PATH: ..."), once.
         let err = read(Path::new("/nonexistent/crawl.warc.gz"), 1).unwrap_err();
-        assert!(err.to_string().starts_with("/nonexistent/crawl.warc.gz: "), "{err}");
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
     }
 }
