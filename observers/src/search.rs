@@ -2,15 +2,16 @@
 //! "Search"). It is Fluo Recipes' ExportQueue: the stages that change what a page's search
 //! document holds write a queue row in their own transaction; an indexer takes a bucket's
 //! rows in a transaction T, reads the documents they name in T's snapshot, applies them to
-//! its index, and deletes the rows in T. An export that re-queues a row after T began
-//! conflicts with T's delete, so T aborts and the row is taken again; a crash between the
-//! index's commit and T's re-applies the rows, which is idempotent. The index is never ahead
+//! its index, and deletes the rows in T. A change committed after T's snapshot wrote a row
+//! of its own, which T never read and so does not delete: it is taken next time. A crash
+//! between the index's commit and T's re-applies the rows, which is idempotent. The index is never ahead
 //! of a committed transaction, and catches up after any crash by draining the queue.
 //!
 //! - Written by: export (a page's line written or removed), indegree (edges into a URL came
 //!   or went), invert (the anchor of an edge that stays changed) and forward (a canonical's
 //!   `fwd:names`, whose inlinks its document carries), as unchecked writes of an empty value
-//!   to `q:<bucket>\0<url>` (`search:queued`). The URL is the one whose facts changed; the
+//!   to `q:<bucket>\0<url>\0<start_ts>` (`search:queued`; a row of its own for each
+//!   writing transaction: see [`queue_row`]). The URL is the one whose facts changed; the
 //!   indexer looks at it and at the page whose document shows them (its canonical, or its
 //!   redirect chain's end's).
 //! - A document: one per canonical page that is not noindex: its URL, title, the anchors of
@@ -28,9 +29,18 @@ use crate::IndexError;
 /// different processes can take different buckets.
 pub const BUCKETS: usize = 256;
 
-/// The queue row of `url`.
-pub fn queue_row(url: &str) -> Bytes {
-    Bytes::from(format!("q:{:02x}\0{url}", bucket_of(url)))
+/// The queue row of `url` written by the transaction that started at `start_ts`: unique
+/// to it. An indexer deletes the rows it read; a row written meanwhile is another row, so
+/// no write is lost, with no conflict check on either side (one row a URL, overwritten
+/// unchecked, could be deleted by an indexer that read it before the overwrite).
+pub fn queue_row(url: &str, start_ts: u64) -> Bytes {
+    Bytes::from(format!("q:{:02x}\0{url}\0{start_ts:016x}", bucket_of(url)))
+}
+
+/// The URL a queue row names.
+fn queued_url(row: &[u8]) -> Option<&str> {
+    let key = model::child_key(row)?;
+    Some(key.rsplit_once('\0').map_or(key, |(url, _)| url))
 }
 
 fn bucket_of(url: &str) -> u8 {
@@ -47,7 +57,8 @@ pub fn bucket_range(bucket: Option<u8>) -> (Vec<u8>, Vec<u8>) {
 
 /// Queues `url` for the search index, in `txn`.
 pub fn queue(txn: &mut Transaction, url: &str) {
-    txn.set_unchecked(queue_row(url), Bytes::from_static(col::SEARCH_QUEUED), Bytes::new());
+    let row = queue_row(url, txn.start_ts().0);
+    txn.set_unchecked(row, Bytes::from_static(col::SEARCH_QUEUED), Bytes::new());
 }
 
 /// A page as a search index holds it.
@@ -93,7 +104,7 @@ pub async fn take(
     let rows = txn.scan_first(&start, &end, col::SEARCH_QUEUED, max).await?;
     let mut urls: Vec<String> = Vec::new();
     for (row, _) in rows {
-        let url = model::child_key(&row)
+        let url = queued_url(&row)
             .ok_or_else(|| IndexError::corrupt("a search queue row", row.escape_ascii()))?
             .to_string();
         txn.delete(row, Bytes::from_static(col::SEARCH_QUEUED));

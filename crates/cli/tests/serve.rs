@@ -129,8 +129,9 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
 
     // Search: every canonical page that is not noindex, once the indexer has caught up.
     let base = site.base();
-    let indexed =
-        server.until("the search index", |s| s["search"]["documents"] == documents(&want));
+    let indexed = server.until("the search index", |s| {
+        s["search"]["caught_up"] == true && s["search"]["documents"] == documents(&want)
+    });
     assert_eq!(indexed["search"]["documents"], 13, "{indexed}");
     let hits = server.search("widget care", &base);
     assert_eq!(hits[..2], ["/products/widget-care.html", "/products/widget-care-print.html"]);
@@ -331,7 +332,9 @@ fn the_recrawl_picks_up_a_changed_site_and_a_restart_keeps_the_index() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // Search follows: the gadget's new title, the old page gone.
-    server.until("the search index of v2", |s| s["search"]["documents"] == documents(&want));
+    server.until("the search index of v2", |s| {
+        s["search"]["caught_up"] == true && s["search"]["documents"] == documents(&want)
+    });
     server.until_search("gadget version two", &base, &["/products/gadget.html"]);
     server.until_search("title:old", &base, &[]);
     let page = server.json(&format!("/v1/page?url={}", q(&site.url("products/widget-care.html"))));
@@ -362,7 +365,9 @@ fn after_a_kill_the_search_index_catches_up_with_the_store() {
     let body = serde_json::json!({ "seeds": [site.base()] }).to_string();
     assert_eq!(server.post("/v1/seeds", Some(token.trim()), &body).0, 202);
     server.until("the demo's 17 pages", |s| s["pages"] == 17 && s["pending"] == 0);
-    assert_eq!(server.json("/v1/status")["search"]["documents"], 0);
+    let status = server.json("/v1/status");
+    assert_eq!(status["search"]["documents"], 0, "{status}");
+    assert_eq!(status["search"]["caught_up"], false, "the crawl's rows wait: {status}");
     assert_eq!(server.search("widget", &base), Vec::<String>::new());
     server.kill();
     // The address file of a killed server stays; the CLI sees nobody answers there, and
@@ -374,7 +379,9 @@ fn after_a_kill_the_search_index_catches_up_with_the_store() {
     // The queue is in the store: a restart drains it, and the index is the store's.
     let server = Server::start(&data, &[]);
     let want = std::fs::read_to_string(root().join("fixtures/golden/demo.jsonl")).unwrap();
-    server.until("the caught-up index", |s| s["search"]["documents"] == documents(&want));
+    server.until("the caught-up index", |s| {
+        s["search"]["caught_up"] == true && s["search"]["documents"] == documents(&want)
+    });
     let hits = server.search("widget care", &base);
     assert_eq!(hits[..2], ["/products/widget-care.html", "/products/widget-care-print.html"]);
     assert_eq!(server.terminate(), Some(0));

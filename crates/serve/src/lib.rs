@@ -379,7 +379,10 @@ impl Served {
     ) -> Result<serde_json::Value, ApiError> {
         let mut v = status.to_json();
         if let Some(index) = &self.search {
-            v["search"] = serde_json::json!({"documents": index.len()});
+            // Caught up: no queue row waits (the indexer deletes its rows once its index
+            // has committed what they asked for).
+            let caught_up = self.app.search_bucket(0).await?.is_none();
+            v["search"] = serde_json::json!({"documents": index.len(), "caught_up": caught_up});
         }
         let (lag_ms, next) = self.app.recrawl_queue(NEXT_RECRAWLS).await?;
         let next: Vec<serde_json::Value> = next

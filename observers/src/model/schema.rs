@@ -50,7 +50,7 @@
 //!                                       block = bits 16b..16b+15 (hex)
 //!   n:<ms>\0<url>          crawl:due    (due for a recrawl at ms, 16   fetch (and the
 //!                                       hex digits: time order)         scheduler's delete)
-//!   q:<bb>\0<url>          search:queued  (the URL's search document     export, invert,
+//!   q:<bb>\0<url>\0<ts>    search:queued  (the URL's search document     export, invert,
 //!                                       may have changed; bb: a byte    forward (and the
 //!                                       of its blake3, in hex)          indexer's delete)
 //!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
