@@ -177,15 +177,38 @@ pub async fn all_documents<E: From<IndexError>>(
     Ok(())
 }
 
-/// Takes up to `max` rows of `bucket` and hands what they ask for to `apply`, which makes
-/// its index hold it durably; then deletes them. A conflict (a row queued again meanwhile)
-/// takes them again, and `apply` gets them again (it must be idempotent). `apply`'s error
-/// leaves the rows queued, and is returned inside; the outer error is the store's.
+/// Drains the whole queue into `apply`, a bucket at a time, up to `max` rows a
+/// transaction: `apply` makes its index hold what the rows ask for durably, then they are
+/// deleted. A conflict (another indexer taking the same rows) takes them again, and `apply`
+/// gets them again (it must be idempotent). `apply`'s error leaves the rows queued and is
+/// returned inside; the outer error is the store's. Returns the URLs applied.
 pub async fn drain<E>(
+    client: &perc_txn::Client,
+    max: usize,
+    mut apply: impl FnMut(&[Queued]) -> Result<(), E>,
+) -> Result<Result<usize, E>, IndexError> {
+    let mut applied = 0;
+    let mut from = 0;
+    while let Some(bucket) = first_bucket(client, from).await? {
+        loop {
+            match drain_bucket(client, bucket, max, &mut apply).await? {
+                Ok(0) => break,
+                Ok(n) => applied += n,
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        let Some(next) = bucket.checked_add(1) else { break };
+        from = next;
+    }
+    Ok(Ok(applied))
+}
+
+/// One transaction of [`drain`]: up to `max` rows of `bucket`.
+async fn drain_bucket<E>(
     client: &perc_txn::Client,
     bucket: u8,
     max: usize,
-    mut apply: impl FnMut(&[Queued]) -> Result<(), E>,
+    apply: &mut impl FnMut(&[Queued]) -> Result<(), E>,
 ) -> Result<Result<usize, E>, IndexError> {
     client
         .retrying(async |c| {
@@ -203,8 +226,14 @@ pub async fn drain<E>(
         .await
 }
 
+/// Whether no queue row waits: an index that drained the queue holds every change
+/// committed before.
+pub async fn caught_up(client: &perc_txn::Client) -> Result<bool, IndexError> {
+    Ok(first_bucket(client, 0).await?.is_none())
+}
+
 /// The first bucket at or after `from` that holds queue rows now.
-pub async fn first_bucket(client: &perc_txn::Client, from: u8) -> Result<Option<u8>, IndexError> {
+async fn first_bucket(client: &perc_txn::Client, from: u8) -> Result<Option<u8>, IndexError> {
     let t = client.begin().await?;
     next_bucket(&t, from).await
 }

@@ -97,6 +97,9 @@ struct Counters {
     parked: AtomicU64,
     latency_us_total: AtomicU64,
     latency_us_max: AtomicU64,
+    /// `perc_observer_run_seconds{observer}`, registered at the first commit (after a
+    /// recorder, if the process installs one, is in place), then recorded without a lookup.
+    run_seconds: std::sync::OnceLock<metrics::Histogram>,
 }
 
 /// One observer's counters, as `perc status` shows them.
@@ -389,7 +392,12 @@ impl Engine {
                         Attempt::Committed => {
                             let took = started.elapsed();
                             let us = took.as_micros() as u64;
-                            metrics::histogram!("perc_observer_run_seconds", "observer" => reg.name.clone())
+                            counters
+                                .run_seconds
+                                .get_or_init(|| {
+                                    let name = reg.name.clone();
+                                    metrics::histogram!("perc_observer_run_seconds", "observer" => name)
+                                })
                                 .record(took.as_secs_f64());
                             counters.commits.fetch_add(1, Ordering::Relaxed);
                             counters.latency_us_total.fetch_add(us, Ordering::Relaxed);

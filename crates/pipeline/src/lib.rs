@@ -615,22 +615,21 @@ impl Pipeline {
         Ok(n)
     }
 
-    /// The first bucket of the search queue at or after `from` that holds rows
-    /// (docs/serve.md, "Search").
-    pub async fn search_bucket(&self, from: u8) -> Result<Option<u8>> {
-        Ok(perc_observers::search::first_bucket(&self.client, from).await?)
-    }
-
-    /// Hands up to `max` queue rows of `bucket` to `apply`, which makes a search index hold
-    /// what they ask for durably, then deletes them (see `perc_observers::search::drain`).
-    /// `apply`'s error leaves them queued and is returned inside.
+    /// Hands the search queue (docs/serve.md, "Search") to `apply`, `max` rows a
+    /// transaction; `apply` makes a search index hold what they ask for durably, then they
+    /// are deleted (see `perc_observers::search::drain`). `apply`'s error leaves them queued
+    /// and is returned inside. Returns the URLs applied.
     pub async fn drain_search<E>(
         &self,
-        bucket: u8,
         max: usize,
         apply: impl FnMut(&[Queued]) -> Result<(), E>,
     ) -> Result<Result<usize, E>> {
-        Ok(perc_observers::search::drain(&self.client, bucket, max, apply).await?)
+        Ok(perc_observers::search::drain(&self.client, max, apply).await?)
+    }
+
+    /// Whether the search queue is empty: an index that drained it is caught up.
+    pub async fn search_caught_up(&self) -> Result<bool> {
+        Ok(perc_observers::search::caught_up(&self.client).await?)
     }
 
     /// Every search document at one snapshot, in URL order: what an index built from nothing

@@ -384,27 +384,16 @@ type Mirror = BTreeMap<String, SearchDoc>;
 
 /// Drains the search queue into `mirror`, as an index does (a few rows a transaction).
 async fn drain_into(h: &Pipeline, mirror: &mut Mirror) {
-    let mut from = 0u8;
-    while let Some(bucket) = h.search_bucket(from).await.unwrap() {
-        loop {
-            let taken = h.drain_search(bucket, 3, |queued| {
-                for q in queued {
-                    match q {
-                        Queued::Index(d) => mirror.insert(d.url.clone(), d.clone()),
-                        Queued::Remove(url) => mirror.remove(url),
-                    };
-                }
-                Ok::<_, ()>(())
-            });
-            if taken.await.unwrap().unwrap() == 0 {
-                break;
-            }
+    let drained = h.drain_search(3, |queued| {
+        for q in queued {
+            match q {
+                Queued::Index(d) => mirror.insert(d.url.clone(), d.clone()),
+                Queued::Remove(url) => mirror.remove(url),
+            };
         }
-        match bucket.checked_add(1) {
-            Some(next) => from = next,
-            None => break,
-        }
-    }
+        Ok::<_, ()>(())
+    });
+    drained.await.unwrap().unwrap();
 }
 
 /// The mirror, once drained, against the documents of the store's final state.

@@ -212,19 +212,7 @@ impl SearchIndex {
     /// built and the URLs applied.
     pub async fn catch_up(&self, pipeline: &Pipeline, batch: usize) -> Result<(usize, usize)> {
         let built = if self.is_built()? { 0 } else { self.build(pipeline).await? };
-        let mut applied = 0;
-        let mut from = 0;
-        while let Some(bucket) = pipeline.search_bucket(from).await? {
-            loop {
-                match pipeline.drain_search(bucket, batch, |q| self.apply(q)).await? {
-                    Ok(0) => break,
-                    Ok(n) => applied += n,
-                    Err(e) => return Err(e),
-                }
-            }
-            let Some(next) = bucket.checked_add(1) else { break };
-            from = next;
-        }
+        let applied = pipeline.drain_search(batch, |q| self.apply(q)).await??;
         Ok((built, applied))
     }
 

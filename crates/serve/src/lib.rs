@@ -381,7 +381,7 @@ impl Served {
         if let Some(index) = &self.search {
             // Caught up: no queue row waits (the indexer deletes its rows once its index
             // has committed what they asked for).
-            let caught_up = self.app.search_bucket(0).await?.is_none();
+            let caught_up = self.app.search_caught_up().await?;
             v["search"] = serde_json::json!({"documents": index.len(), "caught_up": caught_up});
         }
         let (lag_ms, next) = self.app.recrawl_queue(NEXT_RECRAWLS).await?;
@@ -544,6 +544,13 @@ type Answer = Result<Response, ApiError>;
 /// The one parameter `name` of a query string: 414 over the cap, 400 missing, repeated or
 /// not UTF-8.
 fn param(query: Option<&str>, name: &str, max: usize) -> Result<String, ApiError> {
+    optional_param(query, name, max)?.ok_or_else(|| {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("missing query parameter {name}"))
+    })
+}
+
+/// The parameter `name` if it is there: 414 over the cap, 400 repeated or not UTF-8.
+fn optional_param(query: Option<&str>, name: &str, max: usize) -> Result<Option<String>, ApiError> {
     let query = query.unwrap_or("");
     if query.len() > max {
         return Err(ApiError::new(
@@ -552,24 +559,14 @@ fn param(query: Option<&str>, name: &str, max: usize) -> Result<String, ApiError
         ));
     }
     let mut found = url::form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == name);
-    let value = found.next().ok_or_else(|| {
-        ApiError::new(StatusCode::BAD_REQUEST, format!("missing query parameter {name}"))
-    })?;
+    let Some((_, value)) = found.next() else { return Ok(None) };
     if found.next().is_some() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("query parameter {name} given more than once"),
         ));
     }
-    Ok(value.1.into_owned())
-}
-
-/// The parameter `name` if it is there (see [`param`]).
-fn optional_param(query: Option<&str>, name: &str, max: usize) -> Result<Option<String>, ApiError> {
-    match param(query, name, max) {
-        Err(e) if e.message == format!("missing query parameter {name}") => Ok(None),
-        other => other.map(Some),
-    }
+    Ok(Some(value.into_owned()))
 }
 
 /// The `url` parameter, normalized as the index keys it.
@@ -687,20 +684,20 @@ async fn scrape(State(s): State<Arc<Served>>) -> Answer {
 /// `GET /v1/status`: `perc status` as JSON, and the documents of the search index;
 /// `?format=text`: the text `perc status` prints.
 async fn status(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
-    let format = optional_param(q.as_deref(), "format", s.query_bytes_max)?;
-    let status = status_off_the_api(&s.app).await?;
-    match format.as_deref() {
-        None | Some("json") => {}
-        Some("text") => {
-            return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], status.to_text())
-                .into_response())
-        }
+    let text = match optional_param(q.as_deref(), "format", s.query_bytes_max)?.as_deref() {
+        None | Some("json") => false,
+        Some("text") => true,
         Some(other) => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 format!("format {other:?}: it is json or text"),
             ))
         }
+    };
+    let status = status_off_the_api(&s.app).await?;
+    if text {
+        let text = status.to_text();
+        return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response());
     }
     Ok(Json(s.status_json(status).await?).into_response())
 }
