@@ -141,6 +141,18 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
     assert_eq!(v["hits"].as_array().map(Vec::len), Some(1), "{v}");
     assert!(v["hits"][0]["score"].as_f64() > Some(0.0) && v["hits"][0]["in_degree"] == 5, "{v}");
 
+    // The threads that index yield to the API's: 5 nice steps below (serve.indexing_nice),
+    // or at the lowest priority already if the server was started at 15 or more.
+    let threads = server.thread_nice();
+    let nice = |prefix: &str| -> Vec<i32> {
+        threads.iter().filter(|(n, _)| n.starts_with(prefix)).map(|t| t.1).collect()
+    };
+    let (indexing, api) = (nice("perc-index"), nice("perc-api"));
+    let base = api.first().copied().unwrap_or_else(|| panic!("no API thread: {threads:?}"));
+    assert!(api.iter().all(|&n| n == base), "{threads:?}");
+    let want = (base + 5).min(19);
+    assert!(indexing.len() >= 2 && indexing.iter().all(|&n| n == want), "{threads:?}");
+
     // Metrics: Prometheus text whose counters are perc status's numbers.
     metrics_agree_with_status(&server);
 

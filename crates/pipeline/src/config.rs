@@ -142,6 +142,10 @@ pub struct Serve {
     pub shutdown_ms: u64,
     /// Threads that answer the API (beside the observers' and the crawler's).
     pub api_threads: usize,
+    /// How many nice steps the threads that index (observers, fetches, the search
+    /// indexer) run below the API's: a request is answered before a page is parsed when
+    /// the cores are busy; 0 gives them the API's priority.
+    pub indexing_nice: i32,
     /// The bearer token of the write endpoints; empty: the one in DATA/serve.token (made
     /// at the first start). Listening beyond loopback needs one set here.
     pub token: String,
@@ -373,6 +377,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("serve.request_timeout_ms", 1, i64::MAX),
     ("serve.shutdown_ms", 0, i64::MAX),
     ("serve.api_threads", 1, 256),
+    ("serve.indexing_nice", 0, 19),
     ("search.tick_ms", 1, i64::MAX),
     ("search.batch", 1, 1_000_000),
     ("search.limit_max", 1, 10_000),

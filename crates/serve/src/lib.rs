@@ -47,6 +47,10 @@ struct Served {
     app: Arc<Pipeline>,
     /// The search index (`search.enabled`), kept by [`index_loop`].
     search: Option<Arc<SearchIndex>>,
+    /// Searches running at once: one an API thread. More would only share the same cores
+    /// among more threads, and every request, a canonical's too, would wait for its turn
+    /// among them.
+    searching: tokio::sync::Semaphore,
     /// This process's fetch and parse rates over the last minutes ([`sample_rates`]).
     rates: std::sync::Mutex<std::collections::VecDeque<Rate>>,
     query_bytes_max: usize,
@@ -119,17 +123,22 @@ pub async fn run(
         }
         false => None,
     };
+    // The index is kept on threads of its own at a lower priority (`serve.indexing_nice`):
+    // a request that finds both cores parsing pages waits for a time slice of theirs
+    // otherwise, which is most of the API's tail under load (docs/benchmarks.md).
+    let indexing = runtime("perc-index", None, config.indexing_nice)?;
     let indexer = match &search {
         Some(index) => {
             let (app, index, stop) = (app.clone(), index.clone(), stop.clone());
-            let rt = tokio::runtime::Handle::current();
-            Some(tokio::task::spawn_blocking(move || index_loop(&app, &index, &stop, &rt)))
+            let rt = indexing.handle().clone();
+            Some(indexing.spawn_blocking(move || index_loop(&app, &index, &stop, &rt)))
         }
         None => None,
     };
     let state = Arc::new(Served {
         app: app.clone(),
         search,
+        searching: tokio::sync::Semaphore::new(config.api_threads),
         rates: Default::default(),
         query_bytes_max: usize::try_from(config.body_bytes_max).unwrap_or(usize::MAX),
         token: token.map(|t| blake3::hash(t.as_bytes())),
@@ -141,12 +150,7 @@ pub async fn run(
     // The API runs on threads of its own: an observer run that parses a big page holds its
     // worker thread for milliseconds, and a request queued behind it would wait as long;
     // the kernel shares the cores between the two runtimes' threads instead.
-    let api = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.api_threads)
-        .thread_name("perc-api")
-        .enable_all()
-        .build()
-        .map_err(io("cannot start the API's threads"))?;
+    let api = runtime("perc-api", Some(config.api_threads), 0)?;
     let listener = listener.into_std().map_err(io("cannot hand over the listener"))?;
     let serving = api.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -167,15 +171,30 @@ pub async fn run(
             let _ = indexer.await;
         }
     };
-    let (worked, served, (), (), ()) = tokio::join!(
-        app.work(&stop),
-        server,
-        recrawl(&app, &stop),
-        indexed,
-        sample_rates(&state, &stop)
-    );
+    // `work` runs on a thread of its own (its future is not `Send`, so it cannot be a task
+    // of the indexing runtime), and spawns the workers on that runtime.
+    let worked = {
+        let (app, stop) = (app.clone(), stop.clone());
+        let (rt, nice) = (indexing.handle().clone(), config.indexing_nice);
+        let (done, worked) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("perc-index".into())
+            .spawn(move || {
+                lower_priority(nice);
+                let _ = done.send(rt.block_on(app.work(&stop)));
+            })
+            .map_err(io("cannot start the workers' thread"))?;
+        async {
+            worked.await.unwrap_or_else(|_| {
+                Err(PipelineError::Setup("the workers' thread ended without a word".into()))
+            })
+        }
+    };
+    let (worked, served, (), (), ()) =
+        tokio::join!(worked, server, recrawl(&app, &stop), indexed, sample_rates(&state, &stop));
     drop(state);
     api.shutdown_background();
+    indexing.shutdown_background();
     if let Some(f) = address_file {
         let _ = std::fs::remove_file(f);
     }
@@ -185,6 +204,37 @@ pub async fn run(
     }
     worked?;
     served.map_err(io("the HTTP server failed"))
+}
+
+/// A multi-threaded runtime whose threads are named `name` (`threads` of them, else one a
+/// core) and run `nice` steps below the process's priority.
+fn runtime(
+    name: &'static str,
+    threads: Option<usize>,
+    nice: i32,
+) -> Result<tokio::runtime::Runtime, PipelineError> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        b.worker_threads(n);
+    }
+    b.on_thread_start(move || lower_priority(nice));
+    b.thread_name(name).enable_all().build().map_err(io(format!("cannot start {name}'s threads")))
+}
+
+/// Lowers the calling thread's priority by `nice` steps from the process's (Linux keeps a
+/// nice value for each thread; raising it needs no privilege). Where it cannot, the thread
+/// keeps its priority: the index is then only slower to yield to the API, so this is
+/// logged and not an error.
+fn lower_priority(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    let me = Some(rustix::thread::gettid());
+    let lowered = rustix::process::getpriority_process(me)
+        .and_then(|now| rustix::process::setpriority_process(me, (now + nice).min(19)));
+    if let Err(e) = lowered {
+        tracing::debug!(error = %e, nice, "cannot lower an indexing thread's priority");
+    }
 }
 
 /// The recrawl scheduler: every `recrawl.tick_ms`, asks again for the URLs that are due
@@ -623,6 +673,7 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
         )
     })?;
     let q2 = query.clone();
+    let _turn = s.searching.acquire().await.expect("the semaphore is never closed");
     let hits = tokio::task::spawn_blocking(move || index.search(&q2, limit as usize))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?

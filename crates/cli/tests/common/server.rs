@@ -35,6 +35,25 @@ impl Server {
         Server { child, base, client }
     }
 
+    /// The nice value of each of the server's threads, by thread name (Linux's
+    /// `/proc/PID/task/*/stat`), sorted.
+    pub fn thread_nice(&self) -> Vec<(String, i32)> {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let mut threads: Vec<(String, i32)> = std::fs::read_dir(&tasks)
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+            .map(|stat| {
+                // "tid (comm) state ppid ...": nice is the 19th field, the 17th after comm.
+                let (head, rest) = stat.rsplit_once(')').unwrap();
+                let name = head.split_once('(').unwrap().1.to_string();
+                let nice = rest.split_whitespace().nth(16).unwrap().parse().unwrap();
+                (name, nice)
+            })
+            .collect();
+        threads.sort();
+        threads
+    }
+
     /// GET `path`: the status and the body.
     pub fn get(&self, path: &str) -> (u16, String) {
         let r = self.client.get(format!("{}{path}", self.base)).send().unwrap();
