@@ -16,7 +16,7 @@ const LOAD_BATCH: usize = 100;
 /// new generation, so that seeds already fetched are fetched again.
 pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<(), TxnError> {
     client
-        .retrying(async |c| {
+        .retrying(|c| async move {
             let mut t = c.begin().await?;
             t.set(
                 Bytes::from_static(model::CONFIG_ROW),
@@ -33,7 +33,7 @@ pub async fn seed(client: &Client, seeds: &[Url], scope: &CrawlScope) -> Result<
 async fn want(client: &Client, seeds: &[Url]) -> Result<(), TxnError> {
     for chunk in seeds.chunks(LOAD_BATCH) {
         client
-            .retrying(async |c| {
+            .retrying(|c| async move {
                 let mut t = c.begin().await?;
                 let gen = t.start_ts().0;
                 for s in chunk {
@@ -60,7 +60,7 @@ pub async fn seed_more(
     scope: &CrawlScope,
 ) -> Result<(), IndexError> {
     client
-        .retrying(async |c| {
+        .retrying(|c| async move {
             let mut t = c.begin().await?;
             let current: Option<CrawlScope> =
                 model::get_json(&t, model::CONFIG_ROW, col::SCOPE).await?;
@@ -83,7 +83,7 @@ pub async fn seed_more(
 /// URL's want gets a new generation (its fetch writes the next due row). Returns how many.
 pub async fn recrawl_due(client: &Client, now_ms: u64, limit: usize) -> Result<usize, IndexError> {
     client
-        .retrying(async |c| {
+        .retrying(|c| async move {
             let mut t = c.begin().await?;
             let gen = t.start_ts().0;
             let (start, end) = model::due_until(now_ms);
@@ -132,7 +132,7 @@ pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, IndexErr
     let mut unknown = Vec::new();
     for chunk in urls.chunks(LOAD_BATCH) {
         let missing = client
-            .retrying(async |c| {
+            .retrying(|c| async move {
                 let mut t = c.begin().await?;
                 let gen = t.start_ts().0;
                 let mut missing = Vec::new();
@@ -176,7 +176,7 @@ pub async fn load_recorded(
 ) -> Result<(), TxnError> {
     for chunk in recorded.chunks(LOAD_BATCH) {
         client
-            .retrying(async |c| {
+            .retrying(|c| async move {
                 let mut t = c.begin().await?;
                 for r in chunk {
                     let head = model::RawHead {

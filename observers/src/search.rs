@@ -210,14 +210,17 @@ async fn drain_bucket<E>(
     max: usize,
     apply: &mut impl FnMut(&[Queued]) -> Result<(), E>,
 ) -> Result<Result<usize, E>, IndexError> {
+    // Each attempt's future borrows `apply` for as long as it runs, one attempt at a time.
+    let apply = &std::sync::Mutex::new(apply);
     client
-        .retrying(async |c| {
+        .retrying(|c| async move {
             let mut t = c.begin().await?;
             let queued = take(&mut t, bucket, max).await?;
             if queued.is_empty() {
                 return Ok(Ok(0));
             }
-            if let Err(e) = apply(&queued) {
+            let applied = (apply.lock().unwrap_or_else(|p| p.into_inner()))(&queued);
+            if let Err(e) = applied {
                 return Ok(Err(e));
             }
             t.commit().await?;

@@ -187,7 +187,7 @@ impl Pipeline {
         if u.delta.is_empty() && u.hosts_delta.is_empty() {
             return Ok(());
         }
-        self.client.retrying(async |_| self.try_save_stats(&u.delta, &u.hosts_delta).await).await?;
+        self.client.retrying(|_| self.try_save_stats(&u.delta, &u.hosts_delta)).await?;
         *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = u.now;
         *self.hosts_saved.lock().unwrap_or_else(|e| e.into_inner()) = u.hosts_now;
         Ok(())

@@ -171,24 +171,12 @@ pub async fn run(
             let _ = indexer.await;
         }
     };
-    // `work` runs on a thread of its own (its future is not `Send`, so it cannot be a task
-    // of the indexing runtime), and spawns the workers on that runtime.
-    let worked = {
+    let working = {
         let (app, stop) = (app.clone(), stop.clone());
-        let (rt, nice) = (indexing.handle().clone(), config.indexing_nice);
-        let (done, worked) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("perc-index".into())
-            .spawn(move || {
-                lower_priority(nice);
-                let _ = done.send(rt.block_on(app.work(&stop)));
-            })
-            .map_err(io("cannot start the workers' thread"))?;
-        async {
-            worked.await.unwrap_or_else(|_| {
-                Err(PipelineError::Setup("the workers' thread ended without a word".into()))
-            })
-        }
+        indexing.spawn(async move { app.work(&stop).await })
+    };
+    let worked = async {
+        working.await.unwrap_or_else(|e| Err(PipelineError::Setup(format!("the workers: {e}"))))
     };
     let (worked, served, (), (), ()) =
         tokio::join!(worked, server, recrawl(&app, &stop), indexed, sample_rates(&state, &stop));
@@ -485,20 +473,6 @@ impl Served {
     }
 }
 
-/// Runs a write on a blocking thread, driving its future there. The writes go through
-/// `Client::retrying`, whose futures the compiler cannot prove `Send` for every lifetime
-/// (async closures), which a handler's future must be; writes are rare, so a thread each
-/// is cheap.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce(tokio::runtime::Handle) -> Result<T, PipelineError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let rt = tokio::runtime::Handle::current();
-    match tokio::task::spawn_blocking(move || f(rt)).await {
-        Ok(r) => Ok(r?),
-        Err(e) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
-    }
-}
-
 /// A JSON body of type `T`: 413 over the limit, 400 naming what is wrong with it.
 fn body<T: serde::de::DeserializeOwned>(raw: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let raw = raw.map_err(|r| ApiError::new(r.status(), r.body_text()))?;
@@ -546,8 +520,7 @@ async fn seeds(
         ));
     }
     let seeds = urls("seeds", &b.seeds)?;
-    let (app, wanted) = (s.app.clone(), seeds.clone());
-    let outside = blocking(move |rt| rt.block_on(app.extend_seeds(&wanted, &b.prefixes))).await?;
+    let outside = s.app.extend_seeds(&seeds, &b.prefixes).await?;
     let outside: Vec<&str> = outside.iter().map(Url::as_str).collect();
     let answer = serde_json::json!({"seeds": seeds.len(), "outside_scope": outside});
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
@@ -581,9 +554,7 @@ async fn refetch(
             ))
         }
     };
-    let app = s.app.clone();
-    let (refetching, unknown) =
-        blocking(move |rt| rt.block_on(app.want_again(targets.as_deref()))).await?;
+    let (refetching, unknown) = s.app.want_again(targets.as_deref()).await?;
     let unknown: Vec<&str> = unknown.iter().map(Url::as_str).collect();
     let answer = serde_json::json!({"refetching": refetching, "unknown": unknown});
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
@@ -687,8 +658,11 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
 /// `perc status`'s read (a scan of the page rows: tens of ms on a big index) on a blocking
 /// thread, so that the API's threads go on answering the small questions meanwhile.
 async fn status_off_the_api(app: &Arc<Pipeline>) -> Result<perc_pipeline::Status, ApiError> {
-    let app = app.clone();
-    blocking(move |rt| rt.block_on(app.status())).await
+    let (app, rt) = (app.clone(), tokio::runtime::Handle::current());
+    match tokio::task::spawn_blocking(move || rt.block_on(app.status())).await {
+        Ok(status) => Ok(status?),
+        Err(e) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    }
 }
 
 /// The recrawls `/v1/status` lists.

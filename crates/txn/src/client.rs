@@ -213,17 +213,21 @@ impl Client {
     /// themselves. A live owner's lock is stale, and cleanable, after one lock TTL (or its
     /// owner's liveness TTL once it stops heartbeating); the loop keeps trying for twice their
     /// sum (at least 2 s) and then gives up with the last conflict.
-    pub async fn retrying<T, E: Retryable + std::fmt::Display>(
-        &self,
-        mut attempt: impl AsyncFnMut(&Client) -> Result<T, E>,
-    ) -> Result<T, E> {
+    ///
+    /// `attempt` gets a handle of its own (a clone: cheap), so that the future it returns
+    /// borrows nothing from this call and is `Send` whenever what it captures is.
+    pub async fn retrying<T, E, Fut>(&self, mut attempt: impl FnMut(Client) -> Fut) -> Result<T, E>
+    where
+        E: Retryable + std::fmt::Display,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
         let c = &self.inner.config;
         let started = self.inner.clock.now_ms();
         let deadline = started + 2 * (c.lock_ttl_ms + c.liveness_ttl_ms).max(1_000);
         let mut said = false;
         let mut n = 0;
         loop {
-            match attempt(self).await {
+            match attempt(self.clone()).await {
                 Err(e) if e.is_retryable() && self.inner.clock.now_ms() < deadline => {
                     // A wait longer than a moment is said, once: a lock of a process that
                     // died lasts until its liveness lapses, and the user should know why
