@@ -124,8 +124,8 @@ pub async fn run(
         false => None,
     };
     // The index is kept on threads of its own at a lower priority (`serve.indexing_nice`):
-    // a request that finds both cores parsing pages waits for a time slice of theirs
-    // otherwise, which is most of the API's tail under load (docs/benchmarks.md).
+    // otherwise a request that finds both cores parsing pages waits for a time slice of
+    // theirs (docs/benchmarks.md, "perc serve, session 13").
     let indexing = runtime("perc-index", None, config.indexing_nice)?;
     let indexer = match &search {
         Some(index) => {
