@@ -1,22 +1,27 @@
 # Thin aliases; logic that outgrows a line belongs in Rust.
 CARGO ?= cargo
 
-.PHONY: run test lint bench golden
+.PHONY: run deps test lint bench golden
 
 # Serve the bundled demo site on 127.0.0.1, crawl and index it into ./data, print answers.
 run:
 	$(CARGO) run --release -p perc-cli -- --data ./data demo
 
-# Every test, every backend, every feature.
-# (Doc tests first, so that the run closes with nextest's summary of every test.)
-# The WARC tests check perc's WARCs with warcio, an independent validator from Python's index;
-# the status page's test drives Debian's chromium through chromedriver.
-test:
+# What the tests need beyond cargo: the WARC tests check perc's WARCs with warcio, an
+# independent validator from Python's index; the status page's test drives Debian's chromium
+# through chromedriver. Fails if either cannot be had.
+deps:
 	python3 -c 'import warcio' 2>/dev/null || python3 -m pip install --quiet warcio \
 	  || python3 -m pip install --quiet --break-system-packages warcio
 	command -v chromedriver >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
 	  || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; }
+	@for t in chromium chromedriver; do command -v $$t >/dev/null \
+	  || { echo "make deps: $$t is missing (Debian's chromium, chromium-driver)" >&2; exit 1; }; done
+
+# Every test, every backend, every feature.
+# (Doc tests first, so that the run closes with nextest's summary of every test.)
+test: deps
 	$(CARGO) test --workspace --all-features --doc --quiet
 	$(CARGO) nextest run --workspace --all-features --no-fail-fast
 
