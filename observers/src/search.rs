@@ -93,13 +93,14 @@ pub async fn next_bucket(txn: &Transaction, from: u8) -> Result<Option<u8>, Inde
 }
 
 /// Takes up to `max` rows of `bucket`: deletes them in `txn` (the caller commits it after
-/// its index has what this returns) and returns what the index must do for the URLs they
-/// name and the pages whose documents show their facts, each URL once.
+/// its index has what this returns) and returns how many rows it took, and what the index
+/// must do for the URLs they name and the pages whose documents show their facts, each URL
+/// once.
 pub async fn take(
     txn: &mut Transaction,
     bucket: u8,
     max: usize,
-) -> Result<Vec<Queued>, IndexError> {
+) -> Result<(usize, Vec<Queued>), IndexError> {
     let (start, end) = bucket_range(Some(bucket));
     let rows = txn.scan_first(&start, &end, col::SEARCH_QUEUED, max).await?;
     let mut urls: Vec<String> = Vec::new();
@@ -110,6 +111,7 @@ pub async fn take(
         txn.delete(row, Bytes::from_static(col::SEARCH_QUEUED));
         urls.push(url);
     }
+    let taken = urls.len();
     let mut looked = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     let mut todo = urls;
@@ -135,7 +137,7 @@ pub async fn take(
             }
         }
     }
-    Ok(out)
+    Ok((taken, out))
 }
 
 /// The document of a canonical page, from its line, the inlinks joined to it and its body.
@@ -190,10 +192,16 @@ pub async fn drain<E>(
     let mut applied = 0;
     let mut from = 0;
     while let Some(bucket) = first_bucket(client, from).await? {
+        // A take of fewer than `max` rows emptied the bucket as of its snapshot; rows
+        // written since are the next drain's.
         loop {
             match drain_bucket(client, bucket, max, &mut apply).await? {
-                Ok(0) => break,
-                Ok(n) => applied += n,
+                Ok((rows, n)) => {
+                    applied += n;
+                    if rows < max {
+                        break;
+                    }
+                }
                 Err(e) => return Ok(Err(e)),
             }
         }
@@ -203,28 +211,29 @@ pub async fn drain<E>(
     Ok(Ok(applied))
 }
 
-/// One transaction of [`drain`]: up to `max` rows of `bucket`.
+/// One transaction of [`drain`]: up to `max` rows of `bucket`; the rows taken and the URLs
+/// applied.
 async fn drain_bucket<E>(
     client: &perc_txn::Client,
     bucket: u8,
     max: usize,
     apply: &mut impl FnMut(&[Queued]) -> Result<(), E>,
-) -> Result<Result<usize, E>, IndexError> {
+) -> Result<Result<(usize, usize), E>, IndexError> {
     // Each attempt's future borrows `apply` for as long as it runs, one attempt at a time.
     let apply = &std::sync::Mutex::new(apply);
     client
         .retrying(|c| async move {
             let mut t = c.begin().await?;
-            let queued = take(&mut t, bucket, max).await?;
-            if queued.is_empty() {
-                return Ok(Ok(0));
+            let (rows, queued) = take(&mut t, bucket, max).await?;
+            if rows == 0 {
+                return Ok(Ok((0, 0)));
             }
             let applied = (apply.lock().unwrap_or_else(|p| p.into_inner()))(&queued);
             if let Err(e) = applied {
                 return Ok(Err(e));
             }
             t.commit().await?;
-            Ok::<_, IndexError>(Ok(queued.len()))
+            Ok::<_, IndexError>(Ok((rows, queued.len())))
         })
         .await
 }
