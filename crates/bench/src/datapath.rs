@@ -53,6 +53,9 @@ struct Figures {
     /// The largest column groups of the rows tree: (family/group, bytes of values).
     columns: Vec<(String, u64)>,
     rss_kb: u64,
+    /// `store.zstd_level` of the run (0: sled's log not compressed).
+    #[serde(default)]
+    zstd_level: i64,
 }
 
 /// The work a page needs with no store: parse, hash, resolve every link; its links.
@@ -118,7 +121,12 @@ async fn measure(warc: &Path) -> Result<Figures> {
     let dir = tempfile::tempdir()?;
     let mut config = config;
     config.store.data = dir.path().display().to_string();
-    let options = SledOptions { cache_bytes: config.store.cache_bytes, flush_every_ms: 500 };
+    let zstd_level = config.store.zstd_level;
+    let options = SledOptions {
+        cache_bytes: config.store.cache_bytes,
+        flush_every_ms: 500,
+        zstd_level: config.store.zstd_level as i32,
+    };
     let sled = Arc::new(SledStore::open(dir.path(), perc_notify::schema(), &options)?);
     let store = Arc::new(Counted::new(sled.clone() as Arc<dyn Store>));
     let pipeline = Pipeline::builder(config).store(store.clone()).open().await?;
@@ -179,6 +187,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
         trees: usage.trees.iter().map(|t| (t.name.clone(), t.key_bytes + t.value_bytes)).collect(),
         columns,
         rss_kb: crate::scaling::peak_rss_kb(),
+        zstd_level,
     })
 }
 
@@ -238,12 +247,16 @@ pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
     }
     let exe = std::env::current_exe()?;
     let mut all: Vec<Figures> = Vec::new();
-    for f in &files {
-        let out = std::process::Command::new(&exe)
-            .arg("datapath-one")
-            .arg(f)
-            .output()
-            .context("run perc-bench datapath-one")?;
+    // Each web twice: as configured by default (sled compresses its log), and uncompressed,
+    // so that the cost and the gain of compression show side by side.
+    let runs = files.iter().flat_map(|f| [(f, None), (f, Some("0"))]);
+    for (f, level) in runs {
+        let mut child = std::process::Command::new(&exe);
+        child.arg("datapath-one").arg(f);
+        if let Some(level) = level {
+            child.env("PERC_STORE_ZSTD_LEVEL", level);
+        }
+        let out = child.output().context("run perc-bench datapath-one")?;
         if !out.status.success() {
             bail!("datapath-one {}: {}", f.display(), String::from_utf8_lossy(&out.stderr));
         }
@@ -332,7 +345,7 @@ pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
                 .join(", "),
         );
         t.add("peak RSS", format!("{} MiB", f.rss_kb / 1024), "the child process, both loops");
-        t.print(&format!("the data path on {name}"));
+        t.print(&format!("the data path on {name}, store.zstd_level = {}", f.zstd_level));
     }
     Ok(())
 }

@@ -168,6 +168,9 @@ pub struct Store {
     pub backend: Backend,
     pub data: String,
     pub cache_bytes: u64,
+    /// The zstd level sled compresses its log with, 0 for none (a new store only: an existing
+    /// one keeps whether it compresses).
+    pub zstd_level: i64,
     /// Merged batches of unconditional writes in flight at once (`perc_store::Coalesced`).
     pub write_lanes: usize,
 }
@@ -333,6 +336,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// zero somewhere, or make no sense. Checked once, when the configuration loads.
 const RANGES: &[(&str, i64, i64)] = &[
     ("store.cache_bytes", 1 << 20, i64::MAX),
+    ("store.zstd_level", 0, 22),
     ("store.write_lanes", 1, 1024),
     ("bigtable.channels", 1, 256),
     ("bigtable.timeout_ms", 1, i64::MAX),

@@ -255,7 +255,11 @@ pub async fn open_store(config: &Config, create: Create) -> Result<Arc<dyn Store
             let sled = SledStore::open(
                 data,
                 perc_notify::schema(),
-                &SledOptions { cache_bytes: config.store.cache_bytes, flush_every_ms: 500 },
+                &SledOptions {
+                    cache_bytes: config.store.cache_bytes,
+                    flush_every_ms: 500,
+                    zstd_level: config.store.zstd_level as i32,
+                },
             )
             .map_err(|e| {
                 PipelineError::Setup(format!(

@@ -44,19 +44,25 @@ const INLINE_BYTES_MAX: usize = 256;
 /// (docs/benchmarks.md). sled caps it at 16 MiB.
 const SEGMENT_BYTES: usize = 8 << 20;
 
+/// A `key: value` line of sled's `conf` file in the store at `path`, if the store exists.
+fn stored_setting(path: &Path, key: &str) -> Option<String> {
+    // The file is `key: value` lines and a binary checksum.
+    let conf = std::fs::read(path.join("conf")).ok()?;
+    String::from_utf8_lossy(&conf)
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(|v| v.trim().to_string()))
+}
+
 /// The segment size to open the store at `path` with: the one it was created with (sled
 /// refuses another), or [`SEGMENT_BYTES`] for a new store.
 fn segment_bytes(path: &Path) -> usize {
-    // The file is `key: value` lines and a binary checksum.
-    std::fs::read(path.join("conf"))
-        .ok()
-        .and_then(|conf| {
-            String::from_utf8_lossy(&conf)
-                .lines()
-                .find_map(|l| l.strip_prefix("segment_size:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(SEGMENT_BYTES)
+    stored_setting(path, "segment_size").and_then(|v| v.parse().ok()).unwrap_or(SEGMENT_BYTES)
+}
+
+/// Whether the store at `path` compresses its log: as it was created (sled refuses a change),
+/// or as `level` asks for a new store.
+fn compressed(path: &Path, level: i32) -> bool {
+    stored_setting(path, "use_compression").and_then(|v| v.parse().ok()).unwrap_or(level > 0)
 }
 
 /// How often a reader retries a row whose blob vanished under it (a concurrent delete).
@@ -78,11 +84,15 @@ pub struct SledOptions {
     /// sled's background flush interval; durability of acknowledged commits comes from
     /// [`Store::sync`], not from this.
     pub flush_every_ms: u64,
+    /// The zstd level sled compresses what it writes to its log with; 0: no compression.
+    /// Whether a store compresses is fixed when it is created (sled refuses a change); the
+    /// level of an existing compressed store may change.
+    pub zstd_level: i32,
 }
 
 impl Default for SledOptions {
     fn default() -> Self {
-        SledOptions { cache_bytes: 256 * 1024 * 1024, flush_every_ms: 500 }
+        SledOptions { cache_bytes: 256 * 1024 * 1024, flush_every_ms: 500, zstd_level: 1 }
     }
 }
 
@@ -160,7 +170,9 @@ impl SledStore {
             .cache_capacity(options.cache_bytes)
             .flush_every_ms(Some(options.flush_every_ms))
             .mode(sled::Mode::HighThroughput)
-            .segment_size(segment_bytes(path));
+            .segment_size(segment_bytes(path))
+            .use_compression(compressed(path, options.zstd_level))
+            .compression_factor(options.zstd_level.clamp(1, 22));
         // A store just dropped in this process lets go of its lock file only when sled's
         // flusher thread has finished: wait for that, briefly, before calling it taken.
         let waited = std::time::Instant::now();
@@ -602,7 +614,31 @@ mod tests {
             db.flush().unwrap();
         }
         assert_eq!(segment_bytes(old.path()), 512 * 1024);
+        assert!(!compressed(old.path(), 1), "an uncompressed store stays so");
         let store = SledStore::open(old.path(), schema(), &SledOptions::default()).unwrap();
         assert_eq!(store.rows.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    }
+
+    #[tokio::test]
+    async fn whether_a_store_compresses_is_fixed_when_it_is_made() {
+        let schema = || Schema::new([FamilySpec { name: "f", locality: Locality::Row }]);
+        let level = |zstd_level| SledOptions { zstd_level, ..SledOptions::default() };
+        let col = Column::new("f", "q");
+        let value = Bytes::from("perc compresses its log ".repeat(400));
+        for (made, reopened) in [(0, 3), (1, 0), (3, 1)] {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let store = SledStore::open(dir.path(), schema(), &level(made)).unwrap();
+                let put = Mutation::Put { column: col.clone(), ts: Ts(1), value: value.clone() };
+                assert!(store.check_and_mutate(b"r", &[], &[put]).await.unwrap());
+                store.sync().await.unwrap();
+            }
+            assert_eq!(compressed(dir.path(), reopened), made > 0, "made at {made}");
+            // Reopened at another level (or none), it opens as it was made, and reads back.
+            let store = SledStore::open(dir.path(), schema(), &level(reopened)).unwrap();
+            let read = ColumnRead::newest(col.clone(), crate::TsRange::ALL);
+            let got = store.read_row(b"r", &[read]).await.unwrap();
+            assert_eq!(got[0][0].value, value, "made at {made}");
+        }
     }
 }

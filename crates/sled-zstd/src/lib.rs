@@ -1,0 +1,117 @@
+//! sled's compression, without a new zstd context per call.
+//!
+//! sled 0.34 compresses every message it writes to its log (with `use_compression`) by
+//! calling zstd 0.9's one-shot `block::compress`, and decompresses with `block::decompress`
+//! and `stream::decode_all`. Each of those creates a zstd context and drops it again: a
+//! zeroed allocation and a `cpuid` instruction per message, which on a virtual machine traps
+//! to the hypervisor. Measured on the std docs replay, context creation alone was a fifth of
+//! the process's CPU (docs/benchmarks.md, issue #9 session 14), more than the compression.
+//!
+//! This crate is patched in for zstd 0.9 (`[patch.crates-io]` in the workspace manifest) and
+//! gives sled the same three functions over zstd 0.13, with one compression and one
+//! decompression context kept per thread. The frames are standard zstd frames, the same as
+//! zstd 0.9 wrote, so a store written by either reads with the other.
+
+use std::cell::RefCell;
+use std::io::{self, Read};
+
+use zstd_real::bulk::{Compressor, Decompressor};
+
+thread_local! {
+    static COMPRESSOR: RefCell<Option<Compressor<'static>>> = const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// zstd 0.9's `block` module: one-shot compression of a buffer into one frame.
+pub mod block {
+    use super::*;
+
+    /// Compresses `data` at `level` into one frame (which records the content size).
+    pub fn compress(data: &[u8], level: i32) -> io::Result<Vec<u8>> {
+        COMPRESSOR.with(|slot| {
+            let mut slot = slot.borrow_mut();
+            let compressor = match slot.as_mut() {
+                Some(c) => {
+                    c.set_compression_level(level)?;
+                    c
+                }
+                None => slot.insert(Compressor::new(level)?),
+            };
+            compressor.compress(data)
+        })
+    }
+
+    /// Decompresses one frame of at most `capacity` bytes.
+    pub fn decompress(data: &[u8], capacity: usize) -> io::Result<Vec<u8>> {
+        super::with_decompressor(|d| d.decompress(data, capacity))
+    }
+}
+
+/// zstd 0.9's `stream` module, as far as sled uses it.
+pub mod stream {
+    use super::*;
+
+    /// Decompresses everything `source` holds. A frame that records its content size (every
+    /// frame `block::compress` writes) is decompressed in one call with the thread's context;
+    /// anything else is streamed.
+    pub fn decode_all<R: Read>(mut source: R) -> io::Result<Vec<u8>> {
+        let mut data = Vec::new();
+        source.read_to_end(&mut data)?;
+        match zstd_real::zstd_safe::get_frame_content_size(&data) {
+            Ok(Some(size)) if frame_is_whole(&data) => {
+                let size = usize::try_from(size)
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "frame too large"))?;
+                super::with_decompressor(|d| d.decompress(&data, size))
+            }
+            _ => zstd_real::stream::decode_all(&data[..]),
+        }
+    }
+
+    /// Whether `data` is exactly one frame (several concatenated frames are streamed).
+    fn frame_is_whole(data: &[u8]) -> bool {
+        zstd_real::zstd_safe::find_frame_compressed_size(data).is_ok_and(|n| n == data.len())
+    }
+}
+
+fn with_decompressor<T>(
+    f: impl FnOnce(&mut Decompressor<'static>) -> io::Result<T>,
+) -> io::Result<T> {
+    DECOMPRESSOR.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let decompressor = match slot.as_mut() {
+            Some(d) => d,
+            None => slot.insert(Decompressor::new()?),
+        };
+        f(decompressor)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_through_every_entry_point() {
+        let text = b"the quick brown fox jumps over the lazy dog ".repeat(100);
+        for level in [1, 3, 5] {
+            let frame = block::compress(&text, level).unwrap();
+            assert!(frame.len() < text.len() / 4, "level {level}: {} bytes", frame.len());
+            assert_eq!(block::decompress(&frame, text.len()).unwrap(), text);
+            assert_eq!(stream::decode_all(&frame[..]).unwrap(), text);
+            // The frames are zstd's own: the real crate reads them, and they read its.
+            assert_eq!(zstd_real::decode_all(&frame[..]).unwrap(), text);
+            let theirs = zstd_real::encode_all(&text[..], level).unwrap();
+            assert_eq!(stream::decode_all(&theirs[..]).unwrap(), text);
+        }
+        assert_eq!(stream::decode_all(&block::compress(b"", 1).unwrap()[..]).unwrap(), b"");
+    }
+
+    #[test]
+    fn concatenated_frames_and_garbage() {
+        let mut two = block::compress(b"one ", 1).unwrap();
+        two.extend(block::compress(b"two", 1).unwrap());
+        assert_eq!(stream::decode_all(&two[..]).unwrap(), b"one two");
+        assert!(stream::decode_all(&b"not a frame"[..]).is_err());
+        assert!(block::decompress(b"not a frame", 100).is_err());
+    }
+}
