@@ -12,12 +12,14 @@
 //! - Then, in the same transaction, the page-local stages that read what it wrote: [`dedup`]
 //!   (`page:hash`), [`invert`] (`page:links`) and [`alias`] (`page:redirect`); each has its
 //!   contract in its module, and each does nothing when its input did not change.
+//! - Queues: a page for the search index ([`crate::search`]): its body is the record's.
 //! - Notifies: discover (`page:follow`); weakly, export when the meta changed, and the page's
 //!   own indegree when its redirect changed or it started or stopped being a page or a
 //!   redirect (indegree branches on both; alias only notifies the targets), its cluster when
 //!   its declared canonical changed; and what the three stages notify.
 //! - Twice is harmless: the same raw record gives the same values, and unchanged values are
-//!   not written, so nothing downstream runs.
+//!   not written, so nothing downstream runs (the page is queued for the search index again,
+//!   whose indexer reads the same document).
 //!
 //! A page is a 2xx `text/html` response; a 3xx with a Location is a redirect (its source
 //! becomes an alias of the target), and so is a page whose first `<meta http-equiv=refresh>`
@@ -112,6 +114,14 @@ impl Observer for Parse {
         }
         if model::set_json_if_changed(txn, row, col::META, &meta).await? {
             txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
+        }
+        if meta.kind == "page" {
+            // A search document's body is the record an indexer reads when it drains, and
+            // the loader that wrote the record queued nothing. An indexer that read a body
+            // that was then replaced before its export ran, by one whose line is the same (a
+            // page gone back to its earlier body), would keep the body it read: so every
+            // parsed page is queued, in the run that follows its record's last change.
+            crate::search::queue(txn, url_text);
         }
         // The links as the last run left them: what the last inversion inverted.
         let links_before: Vec<(String, String)> =

@@ -7,7 +7,8 @@
 //! between the index's commit and T's re-applies the rows, which is idempotent. The index is never ahead
 //! of a committed transaction, and catches up after any crash by draining the queue.
 //!
-//! - Written by: export (a page's line written or removed), indegree (edges into a URL came
+//! - Written by: parse (a page parsed: its body is the record the indexer reads), export (a
+//!   page's line written or removed), indegree (edges into a URL came
 //!   or went), invert (the anchor of an edge that stays changed) and forward (a canonical's
 //!   `fwd:names`, whose inlinks its document carries), as unchecked writes of an empty value
 //!   to `q:<bucket>\0<url>\0<start_ts>` (`search:queued`; a row of its own for each

@@ -125,7 +125,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
     let options = SledOptions {
         cache_bytes: config.store.cache_bytes,
         flush_every_ms: 500,
-        zstd_level: config.store.zstd_level as i32,
+        zstd_level: zstd_level as i32,
     };
     let sled = Arc::new(SledStore::open(dir.path(), perc_notify::schema(), &options)?);
     let store = Arc::new(Counted::new(sled.clone() as Arc<dyn Store>));

@@ -26,7 +26,9 @@ pub(crate) struct Setup {
 
 pub(crate) async fn setup(fetching: Fetching) -> Result<Setup> {
     let dir = tempfile::tempdir()?;
-    let mut config = Config::defaults();
+    // The defaults, or what `PERC_<SECTION>_<KEY>` variables set (to measure a setting).
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let mut config = perc_pipeline::config::load(None, &env, &[])?;
     config.store.data = dir.path().display().to_string();
     config.workers.concurrency = 32;
     config.workers.gc_interval_ms = 0;
