@@ -158,6 +158,20 @@ fn restart_after_kill9_of_a_replay_finishes_in_one_run() {
     kill_and_restart_20_times(tmp.path(), &["replay", warc.to_str().unwrap()], 11, &want, &|e| e);
 }
 
+/// The same with sled's log compressed (`store.zstd_level`): sled recovers the compressed log,
+/// and later commands (the export here, with the default level) open the store as it was made.
+#[test]
+fn restart_after_kill9_of_a_compressed_replay_finishes_in_one_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
+    let want = std::fs::read_to_string(root().join("fixtures/golden/wget-demo.jsonl")).unwrap();
+    let args = ["--set", "store.zstd_level=1", "replay", warc.to_str().unwrap()];
+    kill_and_restart_20_times(tmp.path(), &args, 13, &want, &|e| e);
+    let conf = std::fs::read(tmp.path().join("whole/conf")).unwrap();
+    let conf = String::from_utf8_lossy(&conf);
+    assert!(conf.contains("use_compression: true"), "the store is compressed: {conf}");
+}
+
 /// The stderr of a run, for assertions.
 fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
