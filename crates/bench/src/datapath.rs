@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use perc_crawl::warc::Recorded;
 use perc_pipeline::Pipeline;
-use perc_store::{Counted, SledOptions, SledStore, Store};
+use perc_store::{Counted, SledStore, Store};
 use perc_synth::{Spec, Web};
 use tokio_util::sync::CancellationToken;
 
@@ -122,11 +122,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
     let mut config = config;
     config.store.data = dir.path().display().to_string();
     let zstd_level = config.store.zstd_level;
-    let options = SledOptions {
-        cache_bytes: config.store.cache_bytes,
-        flush_every_ms: 500,
-        zstd_level: zstd_level as i32,
-    };
+    let options = perc_pipeline::sled_options(&config.store);
     let sled = Arc::new(SledStore::open(dir.path(), perc_notify::schema(), &options)?);
     let store = Arc::new(Counted::new(sled.clone() as Arc<dyn Store>));
     let pipeline = Pipeline::builder(config).store(store.clone()).open().await?;

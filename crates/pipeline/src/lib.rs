@@ -30,7 +30,7 @@ use url::Url;
 
 pub use crate::config::{Backend, Config, ConfigError, MEMORY};
 pub use crate::error::{PipelineError, Result};
-pub use crate::open::{open_store, shared_oracle, Builder, Create, Fetching};
+pub use crate::open::{open_store, shared_oracle, sled_options, Builder, Create, Fetching};
 /// What the verbs hand back, from the layer that defines them.
 pub use perc_observers::model::{CrawlScope, ExportLine};
 pub use perc_observers::search::{Queued, SearchDoc};

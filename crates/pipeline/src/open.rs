@@ -240,6 +240,15 @@ fn source(config: &Config, fetching: Fetching) -> Result<Sourced> {
     Ok((Arc::new(Budget::new(crawler, c.max_pages)), Some(polite)))
 }
 
+/// sled's options as the configuration sets them.
+pub fn sled_options(store: &crate::config::Store) -> SledOptions {
+    SledOptions {
+        cache_bytes: store.cache_bytes,
+        flush_every_ms: 500,
+        zstd_level: i32::try_from(store.zstd_level).unwrap_or(0),
+    }
+}
+
 /// The configured store: sled in `store.data`, the Bigtable table, or a new memory store.
 pub async fn open_store(config: &Config, create: Create) -> Result<Arc<dyn Store>> {
     match config.store.backend {
@@ -252,16 +261,8 @@ pub async fn open_store(config: &Config, create: Create) -> Result<Arc<dyn Store
                 "cannot create the data directory {}",
                 data.display()
             )))?;
-            let sled = SledStore::open(
-                data,
-                perc_notify::schema(),
-                &SledOptions {
-                    cache_bytes: config.store.cache_bytes,
-                    flush_every_ms: 500,
-                    zstd_level: config.store.zstd_level as i32,
-                },
-            )
-            .map_err(|e| {
+            let sled = SledStore::open(data, perc_notify::schema(), &sled_options(&config.store))
+                .map_err(|e| {
                 PipelineError::Setup(format!(
                     "{e} (is another perc process using {}?)",
                     data.display()
