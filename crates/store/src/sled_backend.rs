@@ -44,25 +44,29 @@ const INLINE_BYTES_MAX: usize = 256;
 /// (docs/benchmarks.md). sled caps it at 16 MiB.
 const SEGMENT_BYTES: usize = 8 << 20;
 
-/// A `key: value` line of sled's `conf` file in the store at `path`, if the store exists.
-fn stored_setting(path: &Path, key: &str) -> Option<String> {
-    // The file is `key: value` lines and a binary checksum.
-    let conf = std::fs::read(path.join("conf")).ok()?;
-    String::from_utf8_lossy(&conf)
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(|v| v.trim().to_string()))
+/// sled's `conf` file of the store at `path` (`key: value` lines and a binary checksum):
+/// what the store was made with; empty for a new store.
+fn stored_conf(path: &Path) -> String {
+    std::fs::read(path.join("conf"))
+        .map(|conf| String::from_utf8_lossy(&conf).into_owned())
+        .unwrap_or_default()
 }
 
-/// The segment size to open the store at `path` with: the one it was created with (sled
-/// refuses another), or [`SEGMENT_BYTES`] for a new store.
-fn segment_bytes(path: &Path) -> usize {
-    stored_setting(path, "segment_size").and_then(|v| v.parse().ok()).unwrap_or(SEGMENT_BYTES)
+/// The value of `key` in `conf` ([`stored_conf`]), if it is there and parses.
+fn stored_setting<T: std::str::FromStr>(conf: &str, key: &str) -> Option<T> {
+    conf.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
 }
 
-/// Whether the store at `path` compresses its log: as it was created (sled refuses a change),
-/// or as `level` asks for a new store.
-fn compressed(path: &Path, level: i32) -> bool {
-    stored_setting(path, "use_compression").and_then(|v| v.parse().ok()).unwrap_or(level > 0)
+/// The segment size to open a store with: the one it was made with (`conf`; sled refuses
+/// another), or [`SEGMENT_BYTES`] for a new store.
+fn segment_bytes(conf: &str) -> usize {
+    stored_setting(conf, "segment_size").unwrap_or(SEGMENT_BYTES)
+}
+
+/// Whether a store compresses its log: as it was made (`conf`; sled refuses a change), or
+/// as `level` asks for a new store.
+fn compressed(conf: &str, level: i32) -> bool {
+    stored_setting(conf, "use_compression").unwrap_or(level > 0)
 }
 
 /// sled counts its page cache in the bytes a page takes in its log, which compression makes
@@ -173,7 +177,8 @@ impl SledStore {
     /// Opens (or creates) the store in directory `path`.
     pub fn open(path: impl AsRef<Path>, schema: Schema, options: &SledOptions) -> Result<Self> {
         let path = path.as_ref();
-        let compress = compressed(path, options.zstd_level);
+        let made = stored_conf(path);
+        let compress = compressed(&made, options.zstd_level);
         let cache_bytes = if compress {
             options.cache_bytes / COMPRESSED_CACHE_DIVISOR
         } else {
@@ -184,7 +189,7 @@ impl SledStore {
             .cache_capacity(cache_bytes)
             .flush_every_ms(Some(options.flush_every_ms))
             .mode(sled::Mode::HighThroughput)
-            .segment_size(segment_bytes(path))
+            .segment_size(segment_bytes(&made))
             .use_compression(compress)
             .compression_factor(options.zstd_level.clamp(1, 22));
         // A store just dropped in this process lets go of its lock file only when sled's
@@ -618,7 +623,7 @@ mod tests {
         let schema = || Schema::new([FamilySpec { name: "f", locality: Locality::Row }]);
         let new = tempfile::tempdir().unwrap();
         drop(SledStore::open(new.path(), schema(), &SledOptions::default()).unwrap());
-        assert_eq!(segment_bytes(new.path()), SEGMENT_BYTES);
+        assert_eq!(segment_bytes(&stored_conf(new.path())), SEGMENT_BYTES);
         // A store made with sled's default segment size (as every store was before) opens,
         // with what it holds.
         let old = tempfile::tempdir().unwrap();
@@ -627,8 +632,8 @@ mod tests {
             db.open_tree("rows").unwrap().insert(b"k", b"v".to_vec()).unwrap();
             db.flush().unwrap();
         }
-        assert_eq!(segment_bytes(old.path()), 512 * 1024);
-        assert!(!compressed(old.path(), 1), "an uncompressed store stays so");
+        assert_eq!(segment_bytes(&stored_conf(old.path())), 512 * 1024);
+        assert!(!compressed(&stored_conf(old.path()), 1), "an uncompressed store stays so");
         let store = SledStore::open(old.path(), schema(), &SledOptions::default()).unwrap();
         assert_eq!(store.rows.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
     }
@@ -647,7 +652,7 @@ mod tests {
                 assert!(store.check_and_mutate(b"r", &[], &[put]).await.unwrap());
                 store.sync().await.unwrap();
             }
-            assert_eq!(compressed(dir.path(), reopened), made > 0, "made at {made}");
+            assert_eq!(compressed(&stored_conf(dir.path()), reopened), made > 0, "made at {made}");
             // Reopened at another level (or none), it opens as it was made, and reads back.
             let store = SledStore::open(dir.path(), schema(), &level(reopened)).unwrap();
             let read = ColumnRead::newest(col.clone(), crate::TsRange::ALL);
