@@ -36,6 +36,9 @@ struct Figures {
     /// after it and the updates).
     #[serde(default)]
     replay_rss_kb: u64,
+    /// One collection pass over the store after the replay, in seconds.
+    #[serde(default)]
+    gc_s: f64,
     disk_bytes: u64,
     p50_ms: f64,
     p99_ms: f64,
@@ -105,7 +108,9 @@ async fn measure(pages: usize) -> Result<Figures> {
     let indexed = perc_observers::page_count(&loader).await?;
     // A running system collects old versions as it goes (every `gc_interval_ms`); the bulk
     // load outran the interval, so collect once before measuring updates.
+    let gc_start = Instant::now();
     perc_txn::gc::collect(&loader, 4096).await?;
+    let gc_s = gc_start.elapsed().as_secs_f64();
 
     // 2. Update latency: one page's content and links change; wait for every effect.
     let mut latencies = Vec::with_capacity(UPDATES);
@@ -151,6 +156,7 @@ async fn measure(pages: usize) -> Result<Figures> {
         calls_per_page: calls as f64 / indexed.max(1) as f64,
         rss_kb: peak_rss_kb(),
         replay_rss_kb,
+        gc_s,
         disk_bytes: dir_bytes(dir.path())?,
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
@@ -183,12 +189,14 @@ pub fn run(scale: f64) -> Result<()> {
             format!("replay, {} pages", f.pages),
             rate(f.pages as u64, f.replay_s),
             format!(
-                "{} indexed in {:.1} s; {:.1} store calls per page; peak RSS {} MiB; store {} MiB on disk",
+                "{} indexed in {:.1} s; {:.1} store calls per page; peak RSS {} MiB; store {} MiB on disk; \
+                 a collection pass {:.1} s",
                 f.indexed,
                 f.replay_s,
                 f.calls_per_page,
                 f.rss_kb / 1024,
-                f.disk_bytes >> 20
+                f.disk_bytes >> 20,
+                f.gc_s
             ),
         );
     }

@@ -20,6 +20,14 @@
 //! ```
 //!
 //! (A row of 16 bytes, from an older perc, reads as started at its heartbeat, no scanners.)
+//!
+//! The family is a locality group of its own: reading the registry ([`Liveness::workers`],
+//! which every collection pass and every process start does) then reads only the registry.
+//! In the row's atomic unit, as it was, a scan of it was a scan of the whole table on sled:
+//! every row record read and decoded to find a few heartbeats (docs/benchmarks.md, session 15).
+//! Nothing needs it there: a heartbeat is written unconditionally and read alone. Rows an
+//! older perc registered in the rows tree are no longer seen, which is what a worker that
+//! deregistered looks like: an embedded store forgets its workers at open anyway.
 
 use std::sync::Arc;
 
@@ -32,7 +40,7 @@ use crate::clock::Clock;
 use crate::record::ClientId;
 use crate::TxnError;
 
-pub const FAMILY: FamilySpec = FamilySpec { name: "worker", locality: Locality::Row };
+pub const FAMILY: FamilySpec = FamilySpec { name: "worker", locality: Locality::Own };
 
 fn row(worker: ClientId) -> Bytes {
     worker.hex()
