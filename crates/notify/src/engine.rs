@@ -46,7 +46,19 @@ const PREFETCH_COLUMNS_MAX: usize = 32;
 const IDLE_ACKS_MAX: usize = 65_536;
 
 /// Notifications parked after failing `failures_max` times: row, column -> "observer: error".
+/// A locality group of its own, so that listing them (every worker's start, every status)
+/// reads only them: in the row's atomic unit, as [`FAILED`] was, a scan of the family read
+/// every row record of the table on sled.
+pub const PARKED: FamilySpec = FamilySpec { name: "parked", locality: Locality::Own };
+
+/// Where perc kept parked notifications before [`PARKED`]: read once per store, by the first
+/// [`Engine::load_parked`], which moves them (see [`PARKED_MOVED_ROW`]).
 pub const FAILED: FamilySpec = FamilySpec { name: "failed", locality: Locality::Row };
+
+/// The row of [`PARKED`] whose cell says that the store's [`FAILED`] records were moved (no
+/// notified row starts with a zero byte).
+const PARKED_MOVED_ROW: &[u8] = b"\0moved";
+const PARKED_MOVED_COLUMN: &[u8] = b"from-failed";
 
 /// A pending notification, collapsed: the newest notify cell of one `(row, column)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -563,7 +575,7 @@ impl Engine {
         let was_parked = self.parked.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
         if was_parked {
             let m = Mutation::Delete {
-                column: Column::new(FAILED.name, key.1.clone()),
+                column: Column::new(PARKED.name, key.1.clone()),
                 range: TsRange::ALL,
             };
             self.store()
@@ -596,7 +608,7 @@ impl Engine {
         }
         let detail = format!("{}: {error}", reg.name);
         let record = Mutation::Put {
-            column: Column::new(FAILED.name, p.column.clone()),
+            column: Column::new(PARKED.name, p.column.clone()),
             ts: Ts::ZERO,
             value: Bytes::from(detail),
         };
@@ -615,12 +627,13 @@ impl Engine {
     /// Parked notifications, in (row, column) order.
     pub async fn failed_list(&self) -> Result<Vec<FailedEntry>, TxnError> {
         let scan =
-            Scan { family: FAILED.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+            Scan { family: PARKED.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
         Ok(self
             .store()
             .scan(&scan)
             .await?
             .into_iter()
+            .filter(|c| c.row.as_ref() != PARKED_MOVED_ROW)
             .map(|c| FailedEntry {
                 row: c.row,
                 column: c.qualifier,
@@ -630,11 +643,60 @@ impl Engine {
     }
 
     /// Learns the parked notifications already in the store, so that a later success clears
-    /// their record (a worker calls this when it starts).
+    /// their record (a worker calls this when it starts). The first call on a store also
+    /// moves the records an older perc kept in [`FAILED`].
     pub async fn load_parked(&self) -> Result<(), TxnError> {
+        self.move_failed_records().await?;
         let list = self.failed_list().await?;
         let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
         parked.extend(list.into_iter().map(|f| (f.row, f.column)));
+        Ok(())
+    }
+
+    /// Moves the parked records of [`FAILED`] into [`PARKED`], once per store: a scan of the
+    /// whole table, then a mark that it was done. Copies first and the mark after them, so a
+    /// crash in between moves them again (the same cells: harmless); the old records go last.
+    async fn move_failed_records(&self) -> Result<(), TxnError> {
+        let moved = Column::new(PARKED.name, Bytes::from_static(PARKED_MOVED_COLUMN));
+        let read = [perc_store::ColumnRead::newest(moved.clone(), TsRange::ALL)];
+        let row = Bytes::from_static(PARKED_MOVED_ROW);
+        if self.store().read_row(&row, &read).await?.iter().any(|v| !v.is_empty()) {
+            return Ok(());
+        }
+        let scan =
+            Scan { family: FAILED.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        let old = self.store().scan(&scan).await?;
+        let put = |c: &perc_store::ScanCell| RowMutation {
+            row: c.row.clone(),
+            mutations: vec![Mutation::Put {
+                column: Column::new(PARKED.name, c.qualifier.clone()),
+                ts: Ts::ZERO,
+                value: c.value.clone(),
+            }],
+        };
+        let mut copies: Vec<RowMutation> = old.iter().map(put).collect();
+        copies.push(RowMutation {
+            row,
+            mutations: vec![Mutation::Put { column: moved, ts: Ts::ZERO, value: Bytes::new() }],
+        });
+        self.store().mutate_rows(&copies).await?;
+        if !old.is_empty() {
+            tracing::info!(
+                records = old.len(),
+                "moved the parked notifications to their own family"
+            );
+            let deletes: Vec<RowMutation> = old
+                .iter()
+                .map(|c| RowMutation {
+                    row: c.row.clone(),
+                    mutations: vec![Mutation::Delete {
+                        column: Column::new(FAILED.name, c.qualifier.clone()),
+                        range: TsRange::ALL,
+                    }],
+                })
+                .collect();
+            self.store().mutate_rows(&deletes).await?;
+        }
         Ok(())
     }
 

@@ -29,7 +29,9 @@ use perc_oracle::Oracle;
 use perc_store::{FamilySpec, Schema, Store};
 use perc_txn::{Client, Clock, TxnConfig, TxnError};
 
-pub use engine::{Engine, FailedEntry, ObserverStats, Pending, RunOutcome, StepReport, FAILED};
+pub use engine::{
+    Engine, FailedEntry, ObserverStats, Pending, RunOutcome, StepReport, FAILED, PARKED,
+};
 pub use lease::{LeaseGuard, LocalLease, RowLease, StoreLease};
 pub use observer::{
     ack_column, NotifyKind, Observer, ObserverError, Registration, Registry, RegistryError,
@@ -37,7 +39,7 @@ pub use observer::{
 pub use workers::Workers;
 
 /// The families this layer adds to the schema.
-pub const FAMILIES: [FamilySpec; 2] = [FAILED, lease::LEASE];
+pub const FAMILIES: [FamilySpec; 3] = [PARKED, FAILED, lease::LEASE];
 
 /// Every family the layers up to this one need: transactions, oracle, notifications.
 pub fn schema() -> Schema {

@@ -510,6 +510,78 @@ fn failing_observer_is_parked_then_recovers() {
     });
 }
 
+/// A failed record as an older perc kept it: in the notified row, family `failed`.
+fn legacy_failed_record(row: &str, column: &str, detail: &str) -> perc_store::RowMutation {
+    perc_store::RowMutation {
+        row: Bytes::from(row.to_string()),
+        mutations: vec![perc_store::Mutation::Put {
+            column: perc_store::Column::new("failed", Bytes::from(column.to_string())),
+            ts: Ts::ZERO,
+            value: Bytes::from(detail.to_string()),
+        }],
+    }
+}
+
+#[test]
+fn parked_records_of_an_older_store_move_to_their_family_once() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || async {
+            let store: Arc<dyn Store> = Arc::new(
+                SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default())
+                    .unwrap(),
+            );
+            store
+        };
+        let store = open().await;
+        store
+            .mutate_rows(&[
+                legacy_failed_record("p:a", "parse:dirty", "parse: bad input"),
+                legacy_failed_record("p:b", "export:dirty", "export: no page"),
+            ])
+            .await
+            .unwrap();
+        let env = Env::new(store.clone(), Registry::new(), true).await;
+        let engine = env.engine(NotifyConfig::default()).await;
+        // Not listed until moved: the list reads only the new family.
+        assert!(engine.failed_list().await.unwrap().is_empty());
+        engine.load_parked().await.unwrap();
+        let listed: Vec<(String, String, String)> = engine
+            .failed_list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|f| {
+                (
+                    String::from_utf8(f.row.to_vec()).unwrap(),
+                    String::from_utf8(f.column.to_vec()).unwrap(),
+                    f.detail,
+                )
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("p:a".into(), "parse:dirty".into(), "parse: bad input".into()),
+                ("p:b".into(), "export:dirty".into(), "export: no page".into()),
+            ]
+        );
+        let legacy =
+            Scan { family: "failed", start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        assert!(store.scan(&legacy).await.unwrap().is_empty(), "the old records were left");
+        // Once a store: a record in the old family written after the move is not read again
+        // (no perc writes one any more), so a start does not scan the whole table each time.
+        store.mutate_rows(&[legacy_failed_record("p:c", "parse:dirty", "late")]).await.unwrap();
+        drop((engine, env, store));
+        let store = open().await;
+        let env = Env::new(store.clone(), Registry::new(), true).await;
+        let engine = env.engine(NotifyConfig::default()).await;
+        engine.load_parked().await.unwrap();
+        assert_eq!(engine.failed_list().await.unwrap().len(), 2, "moved twice, or lost on reopen");
+        assert_eq!(store.scan(&legacy).await.unwrap().len(), 1);
+    });
+}
+
 #[test]
 fn backoff_holds_a_failed_notification_until_due() {
     rt().block_on(async {
