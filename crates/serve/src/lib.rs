@@ -655,8 +655,10 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     Ok(Json(serde_json::json!({"query": query, "hits": hits})).into_response())
 }
 
-/// `perc status`'s read (a scan of the page rows: tens of ms on a big index) on a blocking
-/// thread, so that the API's threads go on answering the small questions meanwhile.
+/// `perc status`'s read on a blocking thread, so that the API's threads go on answering the
+/// small questions meanwhile: it scans the page rows, and counts locks and leases with scans
+/// of their families over the whole table (seconds on a big sled store: docs/benchmarks.md,
+/// "session 15").
 async fn status_off_the_api(app: &Arc<Pipeline>) -> Result<perc_pipeline::Status, ApiError> {
     let (app, rt) = (app.clone(), tokio::runtime::Handle::current());
     match tokio::task::spawn_blocking(move || rt.block_on(app.status())).await {
