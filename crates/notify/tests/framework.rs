@@ -774,6 +774,53 @@ fn gc_keeps_what_live_transactions_read_and_pending_notifications() {
 }
 
 #[test]
+fn gc_cleans_a_row_in_one_call_and_around_a_locked_cell() {
+    rt().block_on(async {
+        let counted = Arc::new(perc_store::Counted::new(MemStore::new(perc_notify::schema())));
+        let env = Env::new(counted.clone(), Registry::new(), true).await;
+        for i in 0..5 {
+            for c in ["a", "b", "c"] {
+                env.write("row", c, &format!("{c}{i}")).await;
+            }
+        }
+        let gc_client = env.client().await;
+        env.me().heartbeat().await.unwrap();
+        let before = counted.counts();
+        let report = gc::collect(&gc_client, 4096).await.unwrap();
+        assert_eq!((report.cells_cleaned, report.write_records_removed), (3, 12), "{report:?}");
+        assert_eq!(
+            counted.counts().check_and_mutate - before.check_and_mutate,
+            1,
+            "the row's three cells cleaned in one call"
+        );
+        assert_eq!(write_records(&env.store, "row").await, 3);
+        // Garbage again in every cell, and a lock on `b` (a writer between prewrite and commit).
+        for i in 5..8 {
+            for c in ["a", "b", "c"] {
+                env.write("row", c, &format!("{c}{i}")).await;
+            }
+        }
+        let lock = perc_store::RowMutation {
+            row: Bytes::from_static(b"row"),
+            mutations: vec![perc_store::Mutation::Put {
+                column: perc_store::Column::new("lock", Bytes::from_static(b"b")),
+                ts: Ts(1),
+                value: Bytes::from_static(b"not a real lock: GC only looks for one"),
+            }],
+        };
+        env.store.mutate_rows(&[lock]).await.unwrap();
+        env.me().heartbeat().await.unwrap();
+        let report = gc::collect(&gc_client, 4096).await.unwrap();
+        assert_eq!((report.cells_cleaned, report.write_records_removed), (2, 6), "{report:?}");
+        // `a` and `c` keep their newest write record; `b` all four of its.
+        assert_eq!(write_records(&env.store, "row").await, 1 + 4 + 1);
+        for c in ["a", "c"] {
+            assert_eq!(env.read("row", c).await.unwrap(), format!("{c}7"));
+        }
+    });
+}
+
+#[test]
 fn store_does_not_grow_with_updates_when_collected() {
     rt().block_on(async {
         let obs = effect();

@@ -12,8 +12,9 @@
 //!             ts 11 rollback        below G: dropped (its owner is finished or dead)
 //! ```
 //!
-//! A cell holding a lock is skipped (its data may still be rolled forward), and each cell is
-//! cleaned with one conditional mutation guarded by "no lock". Ack columns are transactional
+//! A cell holding a lock is skipped (its data may still be rolled forward); the cells of a
+//! row are cleaned together by one conditional mutation guarded by "no lock" on each (and,
+//! if one is locked, the others one by one). Ack columns are transactional
 //! columns and are collected the same way (the notification layer deletes its notify cells
 //! itself, as it processes them).
 //! Registry rows of workers dead for ten liveness TTLs are removed.
@@ -84,12 +85,18 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
                 _ => groups.push(vec![c]),
             }
         }
-        for cell in &groups {
-            report.cells_seen += 1;
-            if let Some(removed) = clean_cell(client, cell, g).await? {
-                report.cells_cleaned += 1;
-                report.write_records_removed += removed;
-            }
+        report.cells_seen += groups.len() as u64;
+        // The cells of one row are cleaned by one conditional mutation: a scan batch after a
+        // bulk load is mostly page rows with a dozen collectable cells each, and each
+        // mutation rewrites the row's record (on sled) or is an RPC (on Bigtable).
+        let mut from = 0;
+        while from < groups.len() {
+            let row = &groups[from][0].row;
+            let to = from + groups[from..].iter().take_while(|g| g[0].row == *row).count();
+            let (cleaned, removed) = clean_row(client, &groups[from..to], g).await?;
+            report.cells_cleaned += cleaned;
+            report.write_records_removed += removed;
+            from = to;
         }
         match next {
             Some(n) => start = n,
@@ -100,8 +107,81 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
     Ok(report)
 }
 
-/// Cleans one cell (its write records, newest first); returns how many records went.
-async fn clean_cell(client: &Client, records: &[ScanCell], g: Ts) -> Result<Option<u64>, TxnError> {
+/// Cleans the cells of one row (each its write records, newest first) in one conditional
+/// mutation, guarded by "no lock" on each; if one of them is locked, each of the others alone.
+/// Returns how many cells were cleaned and how many write records went.
+async fn clean_row(
+    client: &Client,
+    cells: &[Vec<ScanCell>],
+    g: Ts,
+) -> Result<(u64, u64), TxnError> {
+    let mut plans = Vec::new();
+    for records in cells {
+        if let Some(plan) = plan_cell(records, g)? {
+            plans.push(plan);
+        }
+    }
+    let (mut cleaned, mut removed) = (0, 0);
+    let mut rest = plans.as_slice();
+    while !rest.is_empty() {
+        // As many cells as fit in one call's mutations (at least one).
+        let mut budget = MUTATIONS_PER_CALL;
+        let n = rest
+            .iter()
+            .take_while(|p| {
+                let fits = p.mutations.len() <= budget;
+                budget = budget.saturating_sub(p.mutations.len());
+                fits
+            })
+            .count()
+            .max(1);
+        let (chunk, after) = rest.split_at(n);
+        let (c, r) = clean_cells(client, chunk).await?;
+        cleaned += c;
+        removed += r;
+        rest = after;
+    }
+    Ok((cleaned, removed))
+}
+
+/// The most mutations one collecting call carries (Bigtable takes up to 100,000).
+const MUTATIONS_PER_CALL: usize = 10_000;
+
+/// [`clean_row`]'s call for some cells of one row: one conditional mutation, or, if a cell is
+/// locked, one for each cell.
+async fn clean_cells(client: &Client, plans: &[CellPlan]) -> Result<(u64, u64), TxnError> {
+    let row = &plans[0].row;
+    let store = client.store();
+    let conditions: Vec<Condition> = plans.iter().map(|p| p.no_lock.clone()).collect();
+    let mutations: Vec<Mutation> = plans.iter().flat_map(|p| p.mutations.iter().cloned()).collect();
+    if store.check_and_mutate(row, &conditions, &mutations).await? {
+        return Ok((plans.len() as u64, plans.iter().map(|p| p.removed).sum()));
+    }
+    if plans.len() == 1 {
+        return Ok((0, 0)); // locked: next pass
+    }
+    let (mut cleaned, mut removed) = (0, 0);
+    for p in plans {
+        if store.check_and_mutate(row, std::slice::from_ref(&p.no_lock), &p.mutations).await? {
+            cleaned += 1;
+            removed += p.removed;
+        }
+    }
+    Ok((cleaned, removed))
+}
+
+/// What collecting one cell takes: the mutations, guarded by its condition.
+struct CellPlan {
+    row: bytes::Bytes,
+    no_lock: Condition,
+    mutations: Vec<Mutation>,
+    /// Write records the mutations drop.
+    removed: u64,
+}
+
+/// The collection of one cell (its write records, newest first), or `None` if nothing in it
+/// is garbage.
+fn plan_cell(records: &[ScanCell], g: Ts) -> Result<Option<CellPlan>, TxnError> {
     let row = &records[0].row;
     let column = &records[0].qualifier;
     let mut drop_ts: Vec<Ts> = Vec::new();
@@ -142,12 +222,12 @@ async fn clean_cell(client: &Client, records: &[ScanCell], g: Ts) -> Result<Opti
             });
         }
     }
-    let no_lock = [Condition::NoCellIn { column: actions::lock_col(column), range: TsRange::ALL }];
-    if client.store().check_and_mutate(row, &no_lock, &mutations).await? {
-        Ok(Some(drop_ts.len() as u64))
-    } else {
-        Ok(None) // locked: next pass
-    }
+    Ok(Some(CellPlan {
+        row: row.clone(),
+        no_lock: Condition::NoCellIn { column: actions::lock_col(column), range: TsRange::ALL },
+        mutations,
+        removed: drop_ts.len() as u64,
+    }))
 }
 
 async fn remove_dead_workers(client: &Client) -> Result<u64, TxnError> {
