@@ -515,7 +515,10 @@ fn legacy_failed_record(row: &str, column: &str, detail: &str) -> perc_store::Ro
     perc_store::RowMutation {
         row: Bytes::from(row.to_string()),
         mutations: vec![perc_store::Mutation::Put {
-            column: perc_store::Column::new("failed", Bytes::from(column.to_string())),
+            column: perc_store::Column::new(
+                perc_notify::FAILED.name,
+                Bytes::from(column.to_string()),
+            ),
             ts: Ts::ZERO,
             value: Bytes::from(detail.to_string()),
         }],
@@ -566,8 +569,12 @@ fn parked_records_of_an_older_store_move_to_their_family_once() {
                 ("p:b".into(), "export:dirty".into(), "export: no page".into()),
             ]
         );
-        let legacy =
-            Scan { family: "failed", start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        let legacy = Scan {
+            family: perc_notify::FAILED.name,
+            start: Bytes::new(),
+            end: Bytes::new(),
+            limit: usize::MAX,
+        };
         assert!(store.scan(&legacy).await.unwrap().is_empty(), "the old records were left");
         // Once a store: a record in the old family written after the move is not read again
         // (no perc writes one any more), so a start does not scan the whole table each time.

@@ -89,14 +89,10 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
         // The cells of one row are cleaned by one conditional mutation: a scan batch after a
         // bulk load is mostly page rows with a dozen collectable cells each, and each
         // mutation rewrites the row's record (on sled) or is an RPC (on Bigtable).
-        let mut from = 0;
-        while from < groups.len() {
-            let row = &groups[from][0].row;
-            let to = from + groups[from..].iter().take_while(|g| g[0].row == *row).count();
-            let (cleaned, removed) = clean_row(client, &groups[from..to], g).await?;
+        for row_cells in groups.chunk_by(|a, b| a[0].row == b[0].row) {
+            let (cleaned, removed) = clean_row(client, row_cells, g).await?;
             report.cells_cleaned += cleaned;
             report.write_records_removed += removed;
-            from = to;
         }
         match next {
             Some(n) => start = n,
@@ -115,31 +111,27 @@ async fn clean_row(
     cells: &[Vec<ScanCell>],
     g: Ts,
 ) -> Result<(u64, u64), TxnError> {
+    let row = &cells[0][0].row;
     let mut plans = Vec::new();
     for records in cells {
         if let Some(plan) = plan_cell(records, g)? {
             plans.push(plan);
         }
     }
+    // Calls of as many cells as fit in MUTATIONS_PER_CALL (at least one cell each).
     let (mut cleaned, mut removed) = (0, 0);
-    let mut rest = plans.as_slice();
-    while !rest.is_empty() {
-        // As many cells as fit in one call's mutations (at least one).
-        let mut budget = MUTATIONS_PER_CALL;
-        let n = rest
-            .iter()
-            .take_while(|p| {
-                let fits = p.mutations.len() <= budget;
-                budget = budget.saturating_sub(p.mutations.len());
-                fits
-            })
-            .count()
-            .max(1);
-        let (chunk, after) = rest.split_at(n);
-        let (c, r) = clean_cells(client, chunk).await?;
-        cleaned += c;
-        removed += r;
-        rest = after;
+    let (mut first, mut size) = (0, 0);
+    for (i, p) in plans.iter().enumerate() {
+        if i > first && size + p.mutations.len() > MUTATIONS_PER_CALL {
+            let (c, r) = clean_cells(client, row, &plans[first..i]).await?;
+            (cleaned, removed) = (cleaned + c, removed + r);
+            (first, size) = (i, 0);
+        }
+        size += p.mutations.len();
+    }
+    if first < plans.len() {
+        let (c, r) = clean_cells(client, row, &plans[first..]).await?;
+        (cleaned, removed) = (cleaned + c, removed + r);
     }
     Ok((cleaned, removed))
 }
@@ -149,8 +141,11 @@ const MUTATIONS_PER_CALL: usize = 10_000;
 
 /// [`clean_row`]'s call for some cells of one row: one conditional mutation, or, if a cell is
 /// locked, one for each cell.
-async fn clean_cells(client: &Client, plans: &[CellPlan]) -> Result<(u64, u64), TxnError> {
-    let row = &plans[0].row;
+async fn clean_cells(
+    client: &Client,
+    row: &[u8],
+    plans: &[CellPlan],
+) -> Result<(u64, u64), TxnError> {
     let store = client.store();
     let conditions: Vec<Condition> = plans.iter().map(|p| p.no_lock.clone()).collect();
     let mutations: Vec<Mutation> = plans.iter().flat_map(|p| p.mutations.iter().cloned()).collect();
@@ -172,7 +167,6 @@ async fn clean_cells(client: &Client, plans: &[CellPlan]) -> Result<(u64, u64), 
 
 /// What collecting one cell takes: the mutations, guarded by its condition.
 struct CellPlan {
-    row: bytes::Bytes,
     no_lock: Condition,
     mutations: Vec<Mutation>,
     /// Write records the mutations drop.
@@ -182,7 +176,6 @@ struct CellPlan {
 /// The collection of one cell (its write records, newest first), or `None` if nothing in it
 /// is garbage.
 fn plan_cell(records: &[ScanCell], g: Ts) -> Result<Option<CellPlan>, TxnError> {
-    let row = &records[0].row;
     let column = &records[0].qualifier;
     let mut drop_ts: Vec<Ts> = Vec::new();
     let mut newest: Option<(Ts, WriteRecord)> = None;
@@ -223,7 +216,6 @@ fn plan_cell(records: &[ScanCell], g: Ts) -> Result<Option<CellPlan>, TxnError> 
         }
     }
     Ok(Some(CellPlan {
-        row: row.clone(),
         no_lock: Condition::NoCellIn { column: actions::lock_col(column), range: TsRange::ALL },
         mutations,
         removed: drop_ts.len() as u64,
