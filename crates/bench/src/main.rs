@@ -14,6 +14,7 @@ mod scaling;
 mod serve;
 mod table;
 
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

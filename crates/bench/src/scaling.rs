@@ -39,6 +39,9 @@ struct Figures {
     /// One collection pass over the store after the replay, in seconds.
     #[serde(default)]
     gc_s: f64,
+    /// The peak resident set by the end of that collection pass.
+    #[serde(default)]
+    gc_rss_kb: u64,
     disk_bytes: u64,
     p50_ms: f64,
     p99_ms: f64,
@@ -111,6 +114,7 @@ async fn measure(pages: usize) -> Result<Figures> {
     let gc_start = Instant::now();
     perc_txn::gc::collect(&loader, 4096).await?;
     let gc_s = gc_start.elapsed().as_secs_f64();
+    let gc_rss_kb = peak_rss_kb();
 
     // 2. Update latency: one page's content and links change; wait for every effect.
     let mut latencies = Vec::with_capacity(UPDATES);
@@ -157,6 +161,7 @@ async fn measure(pages: usize) -> Result<Figures> {
         rss_kb: peak_rss_kb(),
         replay_rss_kb,
         gc_s,
+        gc_rss_kb,
         disk_bytes: dir_bytes(dir.path())?,
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
@@ -234,8 +239,10 @@ pub fn run(scale: f64) -> Result<()> {
         format!("peak RSS, {} pages", big.pages),
         format!("{} MiB", big.rss_kb / 1024),
         format!(
-            "{} MiB by the replay's end; {} MiB at {} pages, {} MiB at {} (goal <= 1024 MiB, flat)",
+            "{} MiB by the replay's end, {} MiB by the collection pass's end; {} MiB at {} pages, \
+             {} MiB at {} (goal <= 1024 MiB, flat)",
             big.replay_rss_kb / 1024,
+            big.gc_rss_kb / 1024,
             small.rss_kb / 1024,
             small.pages,
             all[1.min(all.len() - 1)].rss_kb / 1024,
