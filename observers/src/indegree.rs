@@ -40,6 +40,12 @@
 //!   edge came or went: its inlinks' anchors changed even when its count did not).
 //! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
 //!   written only when different.
+//! - **Bounded:** a page's run folds at most `fold_max` change rows (`index.indegree_fold_max`)
+//!   and, if it may have left some, notifies itself, so that a popular page's first run after a
+//!   bulk load (tens of thousands of sources, each with its `x:` row and edge to read) is
+//!   several runs of bounded memory and size. A page's counts fold per row (the base adds up,
+//!   a source's `indeg:adds` is decided afresh from the cells each time), so any cut is
+//!   correct; an alias's run and a run that ends a spell as an alias take them all.
 
 use crate::IndexError;
 use std::collections::{BTreeMap, BTreeSet};
@@ -54,7 +60,13 @@ use crate::model::{self, col, Meta};
 /// How many redirect hops an alias may be from its page (more than any redirect limit).
 pub const ALIAS_HOPS_MAX: usize = 16;
 
-pub struct InDegree;
+/// The default most change rows a page's run folds (`index.indegree_fold_max`).
+pub const FOLD_MAX: usize = 4096;
+
+pub struct InDegree {
+    /// The most change rows a page's run folds.
+    pub fold_max: usize,
+}
 
 #[async_trait]
 impl Observer for InDegree {
@@ -71,9 +83,21 @@ impl Observer for InDegree {
         // (parse tells this run again when the URL becomes a page or a redirect). Most link
         // targets of a crawl are such URLs, and their runs then commit nothing.
         let counting = counted_at.is_some() || counted(txn, row).await?;
-        let changes = if counting { take_changes(txn, url).await? } else { BTreeMap::new() };
-        let folded = !changes.is_empty();
         let chain = chain_from(txn, url).await?;
+        // A page folds its changes per row, so it may take some now and the rest later; an
+        // alias's run and the end of a spell as one take them all (see the header).
+        let limit =
+            if counted_at.is_none() && chain.hops == 0 { self.fold_max } else { usize::MAX };
+        let changes = if counting {
+            let (changes, more) = take_changes(txn, url, limit).await?;
+            if more {
+                txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
+            }
+            changes
+        } else {
+            BTreeMap::new()
+        };
+        let folded = !changes.is_empty();
         if folded {
             // The edges into it changed, whatever its count did: so did the anchors its
             // (or its chain's end's) search document shows.
@@ -120,14 +144,22 @@ pub fn counts_inlinks(kind: &str) -> bool {
     kind == "page" || kind == "redirect"
 }
 
-/// The change rows left for `url` (source → net change of its edge), deleted here.
+/// The first `limit` change rows left for `url` (source → net change of its edge), deleted
+/// here, and whether some may be left.
 async fn take_changes(
     txn: &mut Transaction,
     url: &str,
-) -> Result<BTreeMap<String, i64>, ObserverError> {
+    limit: usize,
+) -> Result<(BTreeMap<String, i64>, bool), ObserverError> {
     let (start, end) = model::children("d:", url);
+    let rows = if limit == usize::MAX {
+        txn.scan(&start, &end, col::DELTA).await?
+    } else {
+        txn.scan_first(&start, &end, col::DELTA, limit).await?
+    };
+    let more = rows.len() >= limit;
     let mut changes = BTreeMap::new();
-    for (r, v) in txn.scan(&start, &end, col::DELTA).await? {
+    for (r, v) in rows {
         if let Some(source) = model::delta_source(&r) {
             *changes.entry(source.to_string()).or_default() += model::count_of(Some(v))?;
         }
@@ -135,7 +167,7 @@ async fn take_changes(
         // so two runs folding the same rows conflict there.
         txn.delete_unchecked(r, Bytes::from_static(col::DELTA));
     }
-    Ok(changes)
+    Ok((changes, more))
 }
 
 /// A page: fold the changes into its counts; after a spell as an alias, count afresh.

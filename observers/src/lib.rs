@@ -51,23 +51,29 @@ pub use query::{
 use model::col;
 
 /// Every observer of the pipeline, fetching through `source`, with the default recrawl
-/// intervals.
+/// intervals and fold bound.
 pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
-    registry_with(source, model::Schedule::default())
+    registry_with(source, model::Schedule::default(), indegree::FOLD_MAX)
 }
 
 /// Every observer of the pipeline, fetching through `source`; fetches schedule the next
-/// by `schedule`.
+/// by `schedule`; an in-degree run folds at most `fold_max` inlink changes.
 pub fn registry_with(
     source: Arc<dyn Source>,
     schedule: model::Schedule,
+    fold_max: usize,
 ) -> Result<Registry, RegistryError> {
     let mut r = Registry::new();
     let fetch = fetch::Fetch { source, schedule };
     r.register("fetch", col::WANT, NotifyKind::Strong, Arc::new(fetch))?;
     r.register("parse", col::RAW, NotifyKind::Strong, Arc::new(parse::Parse))?;
     r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
-    r.register("indegree", col::INDEG_DIRTY, NotifyKind::Weak, Arc::new(indegree::InDegree))?;
+    r.register(
+        "indegree",
+        col::INDEG_DIRTY,
+        NotifyKind::Weak,
+        Arc::new(indegree::InDegree { fold_max }),
+    )?;
     r.register("cluster", col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
     r.register("near", col::NEAR_DIRTY, NotifyKind::Weak, Arc::new(near::Near))?;
     r.register("export", col::EXPORT_DIRTY, NotifyKind::Weak, Arc::new(export::Export))?;

@@ -34,6 +34,7 @@ pub struct Config {
     pub workers: perc_notify::NotifyConfig,
     pub txn: Txn,
     pub recrawl: Recrawl,
+    pub index: Index,
     pub serve: Serve,
     pub search: Search,
 }
@@ -50,6 +51,14 @@ pub struct Search {
     pub batch: u64,
     /// The most hits one query may ask for.
     pub limit_max: u64,
+}
+
+/// How the observers bound their work.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Index {
+    /// The most inlink changes one in-degree run of a page folds (the rest: the next run).
+    pub indegree_fold_max: u64,
 }
 
 /// When a fetched URL is fetched again by `perc serve` (docs/serve.md, "Recrawl").
@@ -382,6 +391,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("serve.shutdown_ms", 0, i64::MAX),
     ("serve.api_threads", 1, 256),
     ("serve.indexing_nice", 0, 19),
+    ("index.indegree_fold_max", 1, 1 << 30),
     ("search.tick_ms", 1, i64::MAX),
     ("search.batch", 1, 1_000_000),
     ("search.limit_max", 1, 10_000),

@@ -155,8 +155,12 @@ impl Builder {
             None => source(&config, self.fetching)?,
         };
         let registry = Arc::new(
-            perc_observers::registry_with(source.clone(), config.recrawl.schedule()?)
-                .map_err(|e| PipelineError::Setup(e.to_string()))?,
+            perc_observers::registry_with(
+                source.clone(),
+                config.recrawl.schedule()?,
+                config.index.indegree_fold_max as usize,
+            )
+            .map_err(|e| PipelineError::Setup(e.to_string()))?,
         );
         let txn = TxnConfig {
             lock_ttl_ms: config.txn.lock_ttl_ms,

@@ -270,6 +270,8 @@ async fn pipeline(web: &Web, workers: impl FnOnce(&mut perc_notify::NotifyConfig
     let mut config = Config::defaults();
     config.store.backend = Backend::Memory;
     config.workers.failures_max = 1;
+    // Pages with more than two inlink changes are folded by several in-degree runs.
+    config.index.indegree_fold_max = 2;
     workers(&mut config.workers);
     Pipeline::builder(config).source(Arc::new(web.clone())).open().await.unwrap()
 }
@@ -280,6 +282,8 @@ async fn harness(web: &Web) -> Harness {
     let mut config = Config::defaults();
     config.store.backend = Backend::Memory;
     config.workers.failures_max = 1;
+    // Pages with more than two inlink changes are folded by several in-degree runs.
+    config.index.indegree_fold_max = 2;
     Pipeline::builder(config)
         .source(Arc::new(web.clone()))
         .clock(Arc::new(ManualClock::new(1_000_000)))
