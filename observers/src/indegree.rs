@@ -60,11 +60,8 @@ use crate::model::{self, col, Meta};
 /// How many redirect hops an alias may be from its page (more than any redirect limit).
 pub const ALIAS_HOPS_MAX: usize = 16;
 
-/// The default most change rows a page's run folds (`index.indegree_fold_max`).
-pub const FOLD_MAX: usize = 4096;
-
 pub struct InDegree {
-    /// The most change rows a page's run folds.
+    /// The most change rows a page's run folds (`index.indegree_fold_max`, 4096 by default).
     pub fold_max: usize,
 }
 

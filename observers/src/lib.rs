@@ -50,12 +50,6 @@ pub use query::{
 
 use model::col;
 
-/// Every observer of the pipeline, fetching through `source`, with the default recrawl
-/// intervals and fold bound.
-pub fn registry(source: Arc<dyn Source>) -> Result<Registry, RegistryError> {
-    registry_with(source, model::Schedule::default(), indegree::FOLD_MAX)
-}
-
 /// Every observer of the pipeline, fetching through `source`; fetches schedule the next
 /// by `schedule`; an in-degree run folds at most `fold_max` inlink changes.
 pub fn registry_with(
