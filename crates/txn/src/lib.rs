@@ -81,6 +81,9 @@ pub struct TxnConfig {
     /// for commits nobody waits on (observer runs): the store recovers a prefix of its log, so
     /// a lost commit loses everything written after it too, and its notification runs again.
     pub sync_commits: bool,
+    /// The most `lock` and `write` records of a range that one store call of a scan reads
+    /// ([`transaction::SCAN_PIECE_CELLS`]; tests make it small to cut scans into pieces).
+    pub scan_piece_cells: usize,
 }
 
 impl Default for TxnConfig {
@@ -93,6 +96,7 @@ impl Default for TxnConfig {
             lock_wait_max_ms: 30_000,
             seed: 0x5eed,
             sync_commits: true,
+            scan_piece_cells: transaction::SCAN_PIECE_CELLS,
         }
     }
 }

@@ -11,6 +11,11 @@ use perc_store::{ColumnRead, RowMutation, RowRead, Ts, TsRange};
 use crate::actions::{self, data_col, lock_col, write_col};
 use crate::{error, Client, LockRecord, Resolution, TxnError, WriteKind, WriteRecord};
 
+/// The default most `lock` and `write` records of a range that one store call of a scan
+/// reads ([`crate::TxnConfig::scan_piece_cells`]): as scan cells of a few hundred bytes, some
+/// tens of MiB at most.
+pub const SCAN_PIECE_CELLS: usize = 65_536;
+
 /// One transaction: reads see the snapshot at `start_ts`; writes are buffered until commit.
 pub struct Transaction {
     pub(crate) client: Client,
@@ -198,9 +203,10 @@ impl Transaction {
 
     /// The rows in `[start, end)` (`end` empty: to the end) that have a value in `column` in
     /// this snapshot, with those values, in row order (this transaction's own buffered writes
-    /// included). Reads the `lock` and `write` families over the range (in one call), so its
+    /// included). Reads the `lock` and `write` families over the range (in one call for a
+    /// range of up to `scan_piece_cells` records, in pieces of that many beyond), so its
     /// cost follows the cells in the range, not the table: keep scanned columns under a row
-    /// prefix of their own.
+    /// prefix of their own. Its memory follows the values found and one piece.
     pub async fn scan(
         &self,
         start: &[u8],
@@ -211,13 +217,42 @@ impl Transaction {
     }
 
     /// [`Self::scan`] of several ranges, in one scan call for all of them and one read of
-    /// the values found.
+    /// the values found (and as many more as the ranges need pieces).
     pub async fn scan_ranges(
         &self,
         ranges: &[(&[u8], &[u8])],
         column: &[u8],
     ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
-        Ok(self.scan_cut(ranges, column, usize::MAX).await?.0)
+        let mut out: Vec<Vec<(Bytes, Bytes)>> = vec![Vec::new(); ranges.len()];
+        let piece = self.client.config().scan_piece_cells.max(1);
+        // Per range still to read: where its next piece starts, and the piece's size (grown
+        // when a single row holds more records than a piece).
+        let mut todo: Vec<(usize, Bytes, usize)> =
+            (0..ranges.len()).map(|i| (i, Bytes::copy_from_slice(ranges[i].0), piece)).collect();
+        while !todo.is_empty() {
+            let cells = todo.iter().map(|t| t.2).max().unwrap_or(piece);
+            let (found, cuts) = {
+                let pieces: Vec<(&[u8], &[u8])> =
+                    todo.iter().map(|(i, start, _)| (start.as_ref(), ranges[*i].1)).collect();
+                self.scan_cut(&pieces, column, cells).await?
+            };
+            let mut next = Vec::new();
+            for ((i, start, size), (found, cut)) in
+                todo.into_iter().zip(found.into_iter().zip(cuts))
+            {
+                match cut {
+                    None => out[i].extend(found),
+                    // Rows from the cut on were not read whole: the next piece starts there.
+                    Some(cut) => {
+                        out[i].extend(found.into_iter().filter(|(r, _)| *r < cut));
+                        let size = if cut == start { size.saturating_mul(4) } else { size };
+                        next.push((i, cut, size));
+                    }
+                }
+            }
+            todo = next;
+        }
+        Ok(out)
     }
 
     /// The first `rows` rows of [`Self::scan`]: its cost follows them (and the versions

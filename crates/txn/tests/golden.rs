@@ -59,6 +59,7 @@ fn config() -> TxnConfig {
         lock_wait_max_ms: 1_000,
         seed: 1,
         sync_commits: true,
+        ..TxnConfig::default()
     }
 }
 

@@ -111,3 +111,54 @@ fn scan_first_is_the_head_of_scan_whatever_the_versions_and_deletes_before_it() 
         }
     });
 }
+
+#[test]
+fn a_scan_read_in_pieces_is_the_scan_read_at_once() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store = common::mem_store();
+        let oracle = common::oracle(&store).await;
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
+        let whole = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
+        // 100 rows with two columns written three times, the first 40 then deleted, and one
+        // row with 30 versions: more records than a piece holds, so its piece must grow.
+        for round in 0..3 {
+            let mut t = whole.begin().await.unwrap();
+            for i in 0..100 {
+                t.set(format!("n/{i:04}"), "due", format!("v{round}"));
+                t.set(format!("n/{i:04}"), "other", "x");
+            }
+            t.commit().await.unwrap();
+        }
+        let mut t = whole.begin().await.unwrap();
+        for i in 0..40 {
+            t.delete(format!("n/{i:04}"), "due");
+        }
+        t.commit().await.unwrap();
+        for round in 0..30 {
+            let mut t = whole.begin().await.unwrap();
+            t.set("n/0050", "due", format!("hot{round}"));
+            t.commit().await.unwrap();
+        }
+        for piece in [1, 2, 5, 7, 64] {
+            let config = TxnConfig { scan_piece_cells: piece, ..TxnConfig::default() };
+            let pieces = common::client(&store, &oracle, &clock, config).await;
+            let (mut a, mut b) = (whole.begin().await.unwrap(), pieces.begin().await.unwrap());
+            // The readers' own writes, on both sides of where pieces are cut.
+            for t in [&mut a, &mut b] {
+                t.set("n/0003", "due", "mine");
+                t.delete("n/0077", "due");
+                t.set("n/0200", "due", "new");
+            }
+            let at_once = a.scan(b"n/", b"n0", b"due").await.unwrap();
+            assert_eq!(at_once.len(), 61, "60 rows left, one deleted, one added, one revived");
+            assert_eq!(s(&b.scan(b"n/", b"n0", b"due").await.unwrap()), s(&at_once), "{piece}");
+            let ranges: [(&[u8], &[u8]); 2] = [(b"n/0000", b"n/0050"), (b"n/0050", b"")];
+            assert_eq!(
+                b.scan_ranges(&ranges, b"due").await.unwrap(),
+                a.scan_ranges(&ranges, b"due").await.unwrap(),
+                "{piece}"
+            );
+        }
+    });
+}
