@@ -23,6 +23,24 @@ async fn range(t: &perc_txn::Transaction) -> Vec<(String, String)> {
     s(&t.scan(b"e/a/", b"e/a0", b"in").await.unwrap())
 }
 
+/// Rows `n/0000`.. with `due` and `other` written in three transactions, then `due` deleted
+/// from the first `deleted`.
+async fn written_thrice(c: &perc_txn::Client, rows: usize, deleted: usize) {
+    for round in 0..3 {
+        let mut t = c.begin().await.unwrap();
+        for i in 0..rows {
+            t.set(format!("n/{i:04}"), "due", format!("v{round}"));
+            t.set(format!("n/{i:04}"), "other", "x");
+        }
+        t.commit().await.unwrap();
+    }
+    let mut t = c.begin().await.unwrap();
+    for i in 0..deleted {
+        t.delete(format!("n/{i:04}"), "due");
+    }
+    t.commit().await.unwrap();
+}
+
 #[test]
 fn scan_sees_its_snapshot_and_own_writes() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -87,19 +105,7 @@ fn scan_first_is_the_head_of_scan_whatever_the_versions_and_deletes_before_it() 
         let c = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
         // 300 rows, each written three times; the first 200 then deleted (their write
         // records stay until GC), and a few more rewritten by the reader itself.
-        for round in 0..3 {
-            let mut t = c.begin().await.unwrap();
-            for i in 0..300 {
-                t.set(format!("n/{i:04}"), "due", format!("v{round}"));
-                t.set(format!("n/{i:04}"), "other", "x");
-            }
-            t.commit().await.unwrap();
-        }
-        let mut t = c.begin().await.unwrap();
-        for i in 0..200 {
-            t.delete(format!("n/{i:04}"), "due");
-        }
-        t.commit().await.unwrap();
+        written_thrice(&c, 300, 200).await;
         let mut t = c.begin().await.unwrap();
         t.set("n/0100", "due", "mine");
         t.delete("n/0201", "due");
@@ -122,19 +128,7 @@ fn a_scan_read_in_pieces_is_the_scan_read_at_once() {
         let whole = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
         // 100 rows with two columns written three times, the first 40 then deleted, and one
         // row with 30 versions: more records than a piece holds, so its piece must grow.
-        for round in 0..3 {
-            let mut t = whole.begin().await.unwrap();
-            for i in 0..100 {
-                t.set(format!("n/{i:04}"), "due", format!("v{round}"));
-                t.set(format!("n/{i:04}"), "other", "x");
-            }
-            t.commit().await.unwrap();
-        }
-        let mut t = whole.begin().await.unwrap();
-        for i in 0..40 {
-            t.delete(format!("n/{i:04}"), "due");
-        }
-        t.commit().await.unwrap();
+        written_thrice(&whole, 100, 40).await;
         for round in 0..30 {
             let mut t = whole.begin().await.unwrap();
             t.set("n/0050", "due", format!("hot{round}"));
