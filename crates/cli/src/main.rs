@@ -829,7 +829,9 @@ fn write_atomically(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()
     tmp.finish()
 }
 
-/// A file written beside the one it replaces, renamed over it once complete and synced.
+/// A file written beside the one it replaces, renamed over it once complete and synced. A
+/// target that exists and is not a regular file (`/dev/null`, a FIFO, a terminal) is written
+/// in place: renaming over it would replace the device or pipe with a file.
 struct Replacement<'a> {
     target: &'a Path,
     path: PathBuf,
@@ -838,9 +840,14 @@ struct Replacement<'a> {
 
 impl Replacement<'_> {
     fn create(target: &Path) -> Result<Replacement<'_>> {
-        let mut name = target.as_os_str().to_owned();
-        name.push(".tmp");
-        let path = PathBuf::from(name);
+        let special = std::fs::metadata(target).is_ok_and(|m| !m.is_file() && !m.is_dir());
+        let path = if special {
+            target.to_path_buf()
+        } else {
+            let mut name = target.as_os_str().to_owned();
+            name.push(".tmp");
+            PathBuf::from(name)
+        };
         let file = std::fs::File::create(&path)
             .with_context(|| format!("cannot write {}", path.display()))?;
         Ok(Replacement { target, path, file: std::io::BufWriter::new(file) })
@@ -848,7 +855,11 @@ impl Replacement<'_> {
 
     fn finish(self) -> Result<()> {
         let what = || format!("cannot write {}", self.path.display());
-        self.file.into_inner().map_err(|e| anyhow!("{}: {e}", what()))?.sync_all()?;
+        let file = self.file.into_inner().map_err(|e| anyhow!("{}: {e}", what()))?;
+        if self.path == self.target {
+            return Ok(()); // written in place: nothing to sync or rename
+        }
+        file.sync_all()?;
         std::fs::rename(&self.path, self.target)
             .with_context(|| format!("cannot write {}", self.target.display()))
     }

@@ -201,6 +201,35 @@ fn closed_stdout_ends_the_command_quietly() {
 }
 
 #[test]
+fn an_export_to_a_pipe_or_device_writes_into_it_and_leaves_it_one() {
+    use std::os::unix::fs::FileTypeExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("store");
+    let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
+    common::ok(&common::perc(&data, &["replay", warc.to_str().unwrap()]));
+    let file = tmp.path().join("export.jsonl");
+    let expected = common::export(&data, &file);
+    // `--out /dev/null` once renamed a regular file over the device; a FIFO shows the same
+    // without touching the machine's /dev/null.
+    let fifo = tmp.path().join("fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    // A writer end held open here lets the reader start at once, and its end of file come
+    // only once this end is closed after perc: a perc that never opened the pipe fails the
+    // comparison instead of hanging the test.
+    let hold = std::fs::OpenOptions::new().read(true).write(true).open(&fifo).unwrap();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    common::ok(&common::perc(&data, &["export", "--out", fifo.to_str().unwrap()]));
+    drop(hold);
+    assert_eq!(reader.join().unwrap(), expected, "the lines went through the pipe");
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "still a FIFO");
+    assert!(!tmp.path().join("fifo.tmp").exists(), "no temporary file left beside it");
+}
+
+#[test]
 fn closed_stderr_never_kills_or_hangs_a_crawl() {
     let tmp = tempfile::tempdir().unwrap();
     let site = Site::start(&root().join("fixtures/sites/demo"));
