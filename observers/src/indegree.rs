@@ -149,11 +149,7 @@ async fn take_changes(
     limit: usize,
 ) -> Result<(BTreeMap<String, i64>, bool), ObserverError> {
     let (start, end) = model::children("d:", url);
-    let rows = if limit == usize::MAX {
-        txn.scan(&start, &end, col::DELTA).await?
-    } else {
-        txn.scan_first(&start, &end, col::DELTA, limit).await?
-    };
+    let rows = txn.scan_first(&start, &end, col::DELTA, limit).await?;
     let more = rows.len() >= limit;
     let mut changes = BTreeMap::new();
     for (r, v) in rows {

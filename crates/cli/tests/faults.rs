@@ -2,7 +2,7 @@
 //! the case it covers, and each failed before the fix it checks.
 
 use std::io::{BufRead, BufReader, Lines};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -183,12 +183,18 @@ fn says(out: &std::process::Output, what: &str) {
     assert!(err.contains(what), "expected {what:?} in:\n{err}");
 }
 
-#[test]
-fn closed_stdout_ends_the_command_quietly() {
+/// A store in a temporary directory with the wget demo crawl replayed into it.
+fn demo_replayed() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("store");
     let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
     common::ok(&common::perc(&data, &["replay", warc.to_str().unwrap()]));
+    (tmp, data)
+}
+
+#[test]
+fn closed_stdout_ends_the_command_quietly() {
+    let (_tmp, data) = demo_replayed();
     for args in [&["status"][..], &["export", "--out", "-"]] {
         // `perc status | head -0`: the reader is gone before perc writes.
         let mut child =
@@ -203,12 +209,9 @@ fn closed_stdout_ends_the_command_quietly() {
 #[test]
 fn an_export_to_a_pipe_or_device_writes_into_it_and_leaves_it_one() {
     use std::os::unix::fs::FileTypeExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("store");
-    let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
-    common::ok(&common::perc(&data, &["replay", warc.to_str().unwrap()]));
+    let (tmp, data) = demo_replayed();
     let file = tmp.path().join("export.jsonl");
-    let expected = common::export(&data, &file);
+    let expected = export(&data, &file);
     // `--out /dev/null` once renamed a regular file over the device; a FIFO shows the same
     // without touching the machine's /dev/null.
     let fifo = tmp.path().join("fifo");

@@ -223,10 +223,39 @@ impl Transaction {
         ranges: &[(&[u8], &[u8])],
         column: &[u8],
     ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
+        let piece = self.client.config().scan_piece_cells;
+        self.scan_pieces(ranges, column, piece, usize::MAX).await
+    }
+
+    /// The first `rows` rows of [`Self::scan`]: its cost follows them (and the versions
+    /// and deleted rows among them, until GC drops those), not the whole range.
+    pub async fn scan_first(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        column: &[u8],
+        rows: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
+        let piece = rows.saturating_mul(2).max(64).min(self.client.config().scan_piece_cells);
+        let mut found = self.scan_pieces(&[(start, end)], column, piece, rows).await?;
+        Ok(found.pop().unwrap_or_default())
+    }
+
+    /// Each range read in pieces of at first `piece` records, each from where the last one
+    /// stopped, until the range is read or has `rows` rows. A piece that leaves its range short
+    /// grows fourfold, up to `scan_piece_cells`; beyond that only when one row holds more
+    /// records than a piece (a row is read whole).
+    async fn scan_pieces(
+        &self,
+        ranges: &[(&[u8], &[u8])],
+        column: &[u8],
+        piece: usize,
+        rows: usize,
+    ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
+        let most = self.client.config().scan_piece_cells.max(1);
+        let piece = piece.max(1);
         let mut out: Vec<Vec<(Bytes, Bytes)>> = vec![Vec::new(); ranges.len()];
-        let piece = self.client.config().scan_piece_cells.max(1);
-        // Per range still to read: where its next piece starts, and the piece's size (grown
-        // when a single row holds more records than a piece).
+        // Per range still to read: where its next piece starts, and the piece's size.
         let mut todo: Vec<(usize, Bytes, usize)> =
             (0..ranges.len()).map(|i| (i, Bytes::copy_from_slice(ranges[i].0), piece)).collect();
         while !todo.is_empty() {
@@ -240,44 +269,21 @@ impl Transaction {
             for ((i, start, size), (found, cut)) in
                 todo.into_iter().zip(found.into_iter().zip(cuts))
             {
+                // Rows from the cut on were not read whole: the next piece starts there.
+                out[i]
+                    .extend(found.into_iter().filter(|(r, _)| cut.as_ref().is_none_or(|c| r < c)));
                 match cut {
-                    None => out[i].extend(found),
-                    // Rows from the cut on were not read whole: the next piece starts there.
-                    Some(cut) => {
-                        out[i].extend(found.into_iter().filter(|(r, _)| *r < cut));
-                        let size = if cut == start { size.saturating_mul(4) } else { size };
+                    Some(cut) if out[i].len() < rows => {
+                        let grown = size.saturating_mul(4);
+                        let size = if cut == start { grown } else { grown.min(most).max(size) };
                         next.push((i, cut, size));
                     }
+                    _ => out[i].truncate(rows),
                 }
             }
             todo = next;
         }
         Ok(out)
-    }
-
-    /// The first `rows` rows of [`Self::scan`]: its cost follows them (and the versions
-    /// and deleted rows among them, until GC drops those), not the whole range.
-    pub async fn scan_first(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        column: &[u8],
-        rows: usize,
-    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
-        let mut cells = rows.saturating_mul(2).max(64);
-        loop {
-            let (mut found, cut) = self.scan_cut(&[(start, end)], column, cells).await?;
-            let found = found.pop().unwrap_or_default();
-            let Some(cut) = cut.into_iter().flatten().next() else {
-                return Ok(found.into_iter().take(rows).collect());
-            };
-            // Rows from the cut on were not read whole.
-            let whole: Vec<(Bytes, Bytes)> = found.into_iter().filter(|(r, _)| *r < cut).collect();
-            if whole.len() >= rows {
-                return Ok(whole.into_iter().take(rows).collect());
-            }
-            cells = cells.saturating_mul(4);
-        }
     }
 
     /// [`Self::scan_ranges`] reading at most `cells` cells of each family per range: with
