@@ -124,7 +124,11 @@ impl Workers {
             let started = engine.started.load(Ordering::SeqCst);
             // The scan only when nothing runs: a run in flight means not quiet yet.
             if engine.in_flight.load(Ordering::SeqCst) == 0 {
-                let pending = match engine.has_pending().await {
+                let pending = match engine.flush_clears().await {
+                    Ok(()) => engine.has_pending().await,
+                    Err(e) => Err(e),
+                };
+                let pending = match pending {
                     Ok(p) => p,
                     Err(e) => {
                         engine.note(&e);
@@ -164,6 +168,10 @@ impl Workers {
         // Runs in flight hold permits: taking them all means they are done.
         let n = self.shared.engine.config().concurrency.max(1) as u32;
         let _ = self.shared.permits.acquire_many(n).await;
+        // Left uncleared, they would only run again, finding nothing.
+        if let Err(e) = self.shared.engine.flush_clears().await {
+            tracing::warn!(error = %e, "clearing settled notifications failed");
+        }
     }
 }
 
@@ -200,6 +208,11 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     let (mut upstream_now, mut upstream_last) = (usize::MAX, usize::MAX);
     while !shared.stop.is_cancelled() && engine.fatal().is_none() {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
+        // What finished runs settled without a commit goes first, or the scan reads it again.
+        if let Err(e) = engine.flush_clears().await {
+            engine.note(&e);
+            tracing::warn!(error = %e, "clearing settled notifications failed");
+        }
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
             Ok(b) => b,
             Err(e) => {

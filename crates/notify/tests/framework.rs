@@ -673,6 +673,48 @@ impl Observer for WritesOnGo {
 }
 
 #[test]
+fn runs_that_commit_nothing_are_cleared_together() {
+    rt().block_on(async {
+        let mut reg = Registry::new();
+        reg.register("G", "v", NotifyKind::Strong, Arc::new(WritesOnGo)).unwrap();
+        let counted = Arc::new(perc_store::Counted::new(MemStore::new(perc_notify::schema())));
+        let env = Env::new(counted.clone(), reg, false).await;
+        const ROWS: usize = 40;
+        for i in 0..ROWS {
+            env.write(&format!("r{i:02}"), "v", "wait").await;
+        }
+        // A step runs them all, idle, and clears them in one call, not one each.
+        let engine = env.engine(NotifyConfig { scan_batch: 1000, ..NotifyConfig::default() }).await;
+        let before = counted.counts();
+        let report = engine.step().await.unwrap();
+        let after = counted.counts();
+        assert_eq!(report.ran, ROWS);
+        assert_eq!(after.check_and_mutate - before.check_and_mutate, 0);
+        assert_eq!(after.mutate_rows - before.mutate_rows, 1);
+        assert_eq!(env.notify_cells().await, 0);
+
+        // Under the workers as well; quiescence means their clears are done.
+        for i in 0..ROWS {
+            env.write(&format!("r{i:02}"), "v", "still waiting").await;
+        }
+        let config = NotifyConfig { concurrency: 4, idle_ms: 5, ..NotifyConfig::default() };
+        let engine = Arc::new(env.engine(config).await);
+        let before = counted.counts();
+        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        workers.wait().await.unwrap();
+        let after = counted.counts();
+        assert_eq!(engine.stats()[0].idle, ROWS as u64);
+        assert_eq!(env.notify_cells().await, 0);
+        assert!(
+            after.mutate_rows - before.mutate_rows < ROWS as u64 / 2,
+            "{} batched calls for {ROWS} idle runs",
+            after.mutate_rows - before.mutate_rows
+        );
+        workers.shutdown().await;
+    });
+}
+
+#[test]
 fn a_run_that_writes_nothing_commits_nothing_and_a_commit_clears_its_notification() {
     rt().block_on(async {
         let mut reg = Registry::new();
