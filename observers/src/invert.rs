@@ -14,7 +14,9 @@
 //! - Queues: for the search index ([`crate::search`]), each target whose edge from this
 //!   source stays with another anchor.
 //! - Notifies: each affected target's `indeg:dirty` (weakly: a page every page links to is a
-//!   hot row, and weak notifications never conflict).
+//!   hot row, and weak notifications never conflict), unless the target was never parsed
+//!   (see [`indegree::notify_inlinks_changed`]: most targets of a crawl, whose runs would
+//!   find nothing to do).
 //! - Twice is harmless: the second time the links replaced equal the links written, and the
 //!   diff is empty.
 
@@ -24,6 +26,7 @@ use bytes::Bytes;
 use perc_notify::ObserverError;
 use perc_txn::Transaction;
 
+use crate::indegree;
 use crate::model::{self, col};
 
 /// The stage, in the transaction of the page's parse run: `before` is the page's
@@ -50,7 +53,7 @@ pub async fn run(
                 Bytes::from_static(col::EDGE),
                 anchor.clone(),
             );
-            txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
+            indegree::notify_inlinks_changed(txn, target);
             if before.contains_key(target) {
                 // The same edge with another anchor: no count changes, so no export line
                 // does; the search documents that show the anchor do.
@@ -63,7 +66,7 @@ pub async fn run(
     for &target in before.keys() {
         if !now.contains_key(target) {
             txn.delete_unchecked(model::edge(target, source), Bytes::from_static(col::EDGE));
-            txn.notify(model::page(target), Bytes::from_static(col::INDEG_DIRTY));
+            indegree::notify_inlinks_changed(txn, target);
             deltas.push((target, -1));
         }
     }

@@ -11,7 +11,7 @@ use crate::IndexError;
 /// How many pages the export holds (their lines are counted, not read with their inlinks).
 pub async fn page_count(client: &Client) -> Result<usize, IndexError> {
     let t = client.begin().await?;
-    Ok(t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len())
+    Ok(t.scan_rows(b"p:", b"p;", col::EXPORT_LINE).await?.len())
 }
 
 /// What the index holds, each number saying what it counts (`perc status`, the crawl's
@@ -53,8 +53,10 @@ pub async fn report_since(
     since: u64,
 ) -> Result<Report, IndexError> {
     let t = client.begin().await?;
-    let mut r =
-        Report { pages: t.scan(b"p:", b"p;", col::EXPORT_LINE).await?.len(), ..Report::default() };
+    let mut r = Report {
+        pages: t.scan_rows(b"p:", b"p;", col::EXPORT_LINE).await?.len(),
+        ..Report::default()
+    };
     let members = t.scan(b"c:", b"c;", col::MEMBER).await?;
     let mut last: Option<&[u8]> = None;
     let mut size = 0;

@@ -194,6 +194,7 @@ impl Client {
             writes: BTreeMap::new(),
             unchecked: BTreeSet::new(),
             weak: BTreeSet::new(),
+            weak_if: BTreeMap::new(),
             after_commit: Vec::new(),
             reads: Mutex::new(HashMap::new()),
         })

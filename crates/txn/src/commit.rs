@@ -1,16 +1,17 @@
 //! The commit (the paper's Figure 6): prewrite every cell (one conditional mutation per row,
-//! the primary's row first; rows of unchecked cells all in one batched call), set the notify
-//! cells at commit_ts, commit the primary durably (the commit point), then the secondaries in
-//! one batch. Crash points for fault tests stop it part-way, as a dead process would (the
+//! the primary's row first; rows of unchecked cells all in one batched call), draw commit_ts,
+//! read the probes of the conditional notifications (one batched read), set the notify cells
+//! at commit_ts, commit the primary durably (the commit point), then the secondaries in one
+//! batch. Crash points for fault tests stop it part-way, as a dead process would (the
 //! `failpoints` feature).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use perc_store::{ColumnRead, Store, Ts, TsRange};
+use perc_store::{ColumnRead, RowRead, Store, Ts, TsRange};
 
-use crate::actions::{self, lock_col, CellWrite, LockInfo};
+use crate::actions::{self, lock_col, write_col, CellWrite, LockInfo};
 use crate::{Client, LockRecord, Transaction, TxnError, WriteKind};
 
 /// Where to stop a commit, to leave the store as a crash at that step would.
@@ -68,12 +69,15 @@ impl Transaction {
     async fn commit_inner(mut self, crash: Option<CommitStep>) -> Result<Outcome, TxnError> {
         let writes = std::mem::take(&mut self.writes);
         let unchecked = std::mem::take(&mut self.unchecked);
-        let weak = std::mem::take(&mut self.weak);
+        let mut weak = std::mem::take(&mut self.weak);
+        let weak_if = std::mem::take(&mut self.weak_if);
         let after_commit = std::mem::take(&mut self.after_commit);
         let client = self.client.clone();
         let store = client.store().as_ref();
         let start_ts = self.start_ts;
         if writes.is_empty() {
+            // Nothing to commit, so no commit timestamp to look at the probes by: set them all.
+            weak.extend(weak_if.into_keys());
             if !weak.is_empty() {
                 let ts = client.oracle().next().await?;
                 set_notifications(store, weak, ts).await?;
@@ -172,6 +176,8 @@ impl Transaction {
         }
 
         let commit_ts = client.oracle().next().await?;
+        let written = probes_written(store, weak_if, &notify).await?;
+        notify.extend(written);
         // Notify cells go in before the commit point, at commit_ts: a crash between the two
         // leaves a notification whose worker finds no change (harmless), never a change with
         // no notification. A worker that finds the notification at commit_ts and starts after
@@ -210,6 +216,44 @@ impl Transaction {
         actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, after_commit).await?;
         Ok(Outcome::Committed(Some(commit_ts)))
     }
+}
+
+/// Of the conditional notifications `weak_if` that `notify` does not hold already, those
+/// whose row has a lock or a committed write in one of its probe columns, at any timestamp
+/// (one batched read; see [`Transaction::notify_if_written`]).
+async fn probes_written(
+    store: &dyn Store,
+    weak_if: BTreeMap<(Bytes, Bytes), &'static [&'static [u8]]>,
+    notify: &BTreeSet<(Bytes, Bytes)>,
+) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
+    let asked: Vec<((Bytes, Bytes), &[&[u8]])> =
+        weak_if.into_iter().filter(|(key, _)| !notify.contains(key)).collect();
+    if asked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let reads: Vec<RowRead> = asked
+        .iter()
+        .map(|((row, _), probes)| RowRead {
+            row: row.clone(),
+            reads: probes
+                .iter()
+                .flat_map(|p| {
+                    let probe = Bytes::from_static(p);
+                    [
+                        ColumnRead::newest(lock_col(&probe), TsRange::ALL),
+                        ColumnRead::newest(write_col(&probe), TsRange::ALL),
+                    ]
+                })
+                .collect(),
+        })
+        .collect();
+    let got = store.read_rows(&reads).await?;
+    Ok(asked
+        .into_iter()
+        .zip(got)
+        .filter(|(_, cells)| cells.iter().any(|c| !c.is_empty()))
+        .map(|((key, _), _)| key)
+        .collect())
 }
 
 /// Sets the notify cells of `cells` at `ts`, removing older ones (one batched call).

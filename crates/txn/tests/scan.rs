@@ -147,6 +147,9 @@ fn a_scan_read_in_pieces_is_the_scan_read_at_once() {
             let at_once = a.scan(b"n/", b"n0", b"due").await.unwrap();
             assert_eq!(at_once.len(), 61, "60 rows left, one deleted, one added, one revived");
             assert_eq!(s(&b.scan(b"n/", b"n0", b"due").await.unwrap()), s(&at_once), "{piece}");
+            // Its rows alone, without the values, are the same rows.
+            let rows: Vec<Bytes> = at_once.iter().map(|(r, _)| r.clone()).collect();
+            assert_eq!(b.scan_rows(b"n/", b"n0", b"due").await.unwrap(), rows, "{piece}");
             let ranges: [(&[u8], &[u8]); 2] = [(b"n/0000", b"n/0050"), (b"n/0050", b"")];
             assert_eq!(
                 b.scan_ranges(&ranges, b"due").await.unwrap(),
@@ -154,5 +157,26 @@ fn a_scan_read_in_pieces_is_the_scan_read_at_once() {
                 "{piece}"
             );
         }
+    });
+}
+
+#[test]
+fn the_rows_of_a_scan_are_found_without_reading_a_value() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let counted = Arc::new(perc_store::Counted::new(common::mem_store()));
+        let store: Arc<dyn perc_store::Store> = counted.clone();
+        let oracle = common::oracle(&store).await;
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
+        let c = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
+        written_thrice(&c, 50, 10).await;
+        let t = c.begin().await.unwrap();
+        let before = counted.counts();
+        let rows = t.scan_rows(b"n/", b"n0", b"due").await.unwrap();
+        let after = counted.counts();
+        assert_eq!(rows.first().map(|r| r.as_ref()), Some(&b"n/0010"[..]));
+        assert_eq!(rows.len(), 40);
+        // One scan of the lock and write families; no read of the data family.
+        assert_eq!((after.scan - before.scan, after.read_rows - before.read_rows), (1, 0));
     });
 }
