@@ -12,6 +12,7 @@ use bytes::Bytes;
 use perc_store::{ColumnRead, RowRead, Store, Ts, TsRange};
 
 use crate::actions::{self, lock_col, write_col, CellWrite, LockInfo};
+use crate::transaction::Probes;
 use crate::{Client, LockRecord, Transaction, TxnError, WriteKind};
 
 /// Where to stop a commit, to leave the store as a crash at that step would.
@@ -223,10 +224,10 @@ impl Transaction {
 /// (one batched read; see [`Transaction::notify_if_written`]).
 async fn probes_written(
     store: &dyn Store,
-    weak_if: BTreeMap<(Bytes, Bytes), &'static [&'static [u8]]>,
+    weak_if: BTreeMap<(Bytes, Bytes), Probes>,
     notify: &BTreeSet<(Bytes, Bytes)>,
 ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
-    let asked: Vec<((Bytes, Bytes), &[&[u8]])> =
+    let asked: Vec<((Bytes, Bytes), Probes)> =
         weak_if.into_iter().filter(|(key, _)| !notify.contains(key)).collect();
     if asked.is_empty() {
         return Ok(Vec::new());

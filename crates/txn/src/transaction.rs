@@ -16,6 +16,9 @@ use crate::{error, Client, LockRecord, Resolution, TxnError, WriteKind, WriteRec
 /// tens of MiB at most.
 pub const SCAN_PIECE_CELLS: usize = 65_536;
 
+/// The probe columns of a conditional notification ([`Transaction::notify_if_written`]).
+pub type Probes = &'static [&'static [u8]];
+
 /// Whether a scan reads the values of the rows it finds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Values {
@@ -34,7 +37,7 @@ pub struct Transaction {
     pub(crate) weak: BTreeSet<(Bytes, Bytes)>,
     /// Weak notifications to set at commit if their row's probe columns were ever written
     /// (see [`Self::notify_if_written`]).
-    pub(crate) weak_if: BTreeMap<(Bytes, Bytes), &'static [&'static [u8]]>,
+    pub(crate) weak_if: BTreeMap<(Bytes, Bytes), Probes>,
     /// Bookkeeping outside the transaction, applied once it has committed (see
     /// [`Self::after_commit`]).
     pub(crate) after_commit: Vec<RowMutation>,
@@ -469,7 +472,7 @@ impl Transaction {
         &mut self,
         row: impl Into<Bytes>,
         column: impl Into<Bytes>,
-        probes: &'static [&'static [u8]],
+        probes: Probes,
     ) {
         self.weak_if.insert((row.into(), column.into()), probes);
     }
