@@ -23,12 +23,13 @@
 //! `ts`, which the delete leaves, and so runs the observer again. A run that fails or conflicts
 //! deletes nothing: the notification stays to be run again.
 //!
-//! A committed run's delete rides on its commit's last call. Under the workers, a run that
-//! commits nothing (unchanged, idle) leaves its delete with the engine, which deletes the
-//! notify cells of many such runs in one call before the next scan of the notify family
-//! ([`Engine::flush_clears`]): on the std docs, ~6 of a page's ~12 runs are idle in-degree
-//! runs on link targets that are not pages. A lost delete only means a rerun that finds
-//! nothing again.
+//! Alone ([`Engine::process`]), a committed run's delete rides on its commit's last call, and
+//! a run that commits nothing deletes at once. Under the workers every run leaves its delete
+//! with the engine, which deletes the notify cells of many runs in one call before the next
+//! scan of the notify family ([`Engine::flush_clears`]): a run that commits nothing then
+//! costs no write at all, and a commit of one row no call after its commit point. A lost
+//! delete only means a rerun that finds its ack (or, for a run that committed nothing, its
+//! start remembered in memory, or nothing to do again).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -48,7 +49,7 @@ use crate::NotifyConfig;
 /// The most columns of its notified row an observer's run prefetches.
 const PREFETCH_COLUMNS_MAX: usize = 32;
 
-/// How many notifications settled without a commit an engine clears in one call, at most:
+/// How many settled notifications an engine clears in one call, at most:
 /// their clears wait (see [`Engine::deferred`]) until this many have gathered or a scan is
 /// about to read the notify family again.
 const DEFERRED_CLEARS_MAX: usize = 256;
@@ -99,7 +100,7 @@ pub enum RunOutcome {
     NoObserver,
 }
 
-/// When a notification settled without a commit is cleared.
+/// When a settled notification is cleared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Clear {
     /// In the call that settled it.
@@ -232,11 +233,11 @@ pub struct Engine {
     /// such notifications once, harmlessly), and forgotten wholesale past
     /// [`IDLE_ACKS_MAX`] entries.
     idle_acks: Mutex<HashMap<(Bytes, Bytes), Ts>>,
-    /// Notifications that workers settled without a commit (unchanged, idle, no observer),
-    /// by (row, column), with the newest notify cell each run saw: their notify cells are
+    /// Notifications that workers settled (committed, unchanged, idle, no observer), by
+    /// (row, column), with the newest notify cell each run saw: their notify cells are
     /// deleted together, in one call of up to [`DEFERRED_CLEARS_MAX`], and always before the
-    /// next scan of the notify family (a committed run's clear rides on its commit instead).
-    /// Losing them (a crash, a failed call) leaves notifications that rerun finding nothing.
+    /// next scan of the notify family. Losing them (a crash, a failed call) leaves
+    /// notifications that rerun finding nothing changed.
     deferred: Mutex<BTreeMap<(Bytes, Bytes), Ts>>,
     /// Runs in flight, and runs ever started: quiescence needs both.
     pub(crate) in_flight: AtomicUsize,
@@ -406,8 +407,8 @@ impl Engine {
         Ok(by)
     }
 
-    /// Processes one notification: see the module docs. A notification settled without a
-    /// commit is cleared before this returns.
+    /// Processes one notification: see the module docs. A settled notification is cleared
+    /// before this returns.
     pub async fn process(&self, p: &Pending) -> Result<RunOutcome, TxnError> {
         self.process_with(p, Clear::Now).await
     }
@@ -434,7 +435,7 @@ impl Engine {
         let mut attempt = 0;
         loop {
             let started = Instant::now();
-            match self.run_once(reg, p, counters, None).await {
+            match self.run_once(reg, p, counters, clear, None).await {
                 Ok(done) => {
                     let ran = done != Attempt::Unchanged;
                     match done {
@@ -459,7 +460,7 @@ impl Engine {
                             counters.skipped.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    if done != Attempt::Committed {
+                    if done != Attempt::Committed || clear == Clear::Deferred {
                         self.clear(p, clear).await?;
                     }
                     self.succeeded(&key).await?;
@@ -508,7 +509,8 @@ impl Engine {
             .registry
             .get(&p.column)
             .ok_or_else(|| ObserverError::Failed("no observer watches this column".into()))?;
-        let attempt = self.run_once(reg, p, &self.counters[&reg.name], Some(step)).await?;
+        let counters = &self.counters[&reg.name];
+        let attempt = self.run_once(reg, p, counters, Clear::Now, Some(step)).await?;
         Ok(attempt != Attempt::Unchanged)
     }
 
@@ -519,6 +521,7 @@ impl Engine {
         reg: &Registration,
         p: &Pending,
         counters: &Counters,
+        clear: Clear,
         crash: Option<CommitStep>,
     ) -> Result<Attempt, ObserverError> {
         let mut txn = self.client.begin().await?;
@@ -562,8 +565,10 @@ impl Engine {
             return Ok(Attempt::Idle);
         }
         txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
-        // The notification is cleared in the call that commits the secondaries.
-        txn.after_commit(notify_delete(p));
+        if clear == Clear::Now {
+            // The notification is cleared in the call that commits the secondaries.
+            txn.after_commit(notify_delete(p));
+        }
         match crash {
             None => {
                 txn.commit().await?;
@@ -780,8 +785,7 @@ impl Engine {
     }
 
     /// Runs one notification with the in-flight bookkeeping that quiescence relies on.
-    /// A notification settled without a commit is cleared later, with others
-    /// ([`Self::flush_clears`]).
+    /// A settled notification is cleared later, with others ([`Self::flush_clears`]).
     pub(crate) async fn process_tracked(&self, p: &Pending) -> Result<RunOutcome, TxnError> {
         let out = self.process_with(p, Clear::Deferred).await;
         if let Err(e) = &out {

@@ -208,7 +208,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     let (mut upstream_now, mut upstream_last) = (usize::MAX, usize::MAX);
     while !shared.stop.is_cancelled() && engine.fatal().is_none() {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
-        // What finished runs settled without a commit goes first, or the scan reads it again.
+        // What finished runs settled is cleared first, or the scan reads it again.
         if let Err(e) = engine.flush_clears().await {
             engine.note(&e);
             tracing::warn!(error = %e, "clearing settled notifications failed");

@@ -673,10 +673,11 @@ impl Observer for WritesOnGo {
 }
 
 #[test]
-fn runs_that_commit_nothing_are_cleared_together() {
+fn settled_notifications_are_cleared_together() {
     rt().block_on(async {
         let mut reg = Registry::new();
         reg.register("G", "v", NotifyKind::Strong, Arc::new(WritesOnGo)).unwrap();
+        reg.register("S", "u", NotifyKind::Strong, stage("S", "w")).unwrap();
         let counted = Arc::new(perc_store::Counted::new(MemStore::new(perc_notify::schema())));
         let env = Env::new(counted.clone(), reg, false).await;
         const ROWS: usize = 40;
@@ -692,6 +693,21 @@ fn runs_that_commit_nothing_are_cleared_together() {
         assert_eq!(after.check_and_mutate - before.check_and_mutate, 0);
         assert_eq!(after.mutate_rows - before.mutate_rows, 1);
         assert_eq!(env.notify_cells().await, 0);
+
+        // Runs that commit one row each: their prewrites and commits, and one call for all
+        // their clears (none after a commit point).
+        for i in 0..ROWS {
+            env.write(&format!("r{i:02}"), "u", "x").await;
+        }
+        let before = counted.counts();
+        assert_eq!(engine.step().await.unwrap().ran, ROWS);
+        let after = counted.counts();
+        // (and the oracle's reservations of timestamp blocks, one per 64 timestamps)
+        let conditional = after.check_and_mutate - before.check_and_mutate;
+        assert!((2 * ROWS as u64..=2 * ROWS as u64 + 2).contains(&conditional), "{conditional}");
+        assert_eq!(after.mutate_rows - before.mutate_rows, 1);
+        assert_eq!(env.notify_cells().await, 0);
+        assert_eq!(env.read("r07", "w").await.as_deref(), Some("x|S"));
 
         // Under the workers as well; quiescence means their clears are done.
         for i in 0..ROWS {
@@ -746,8 +762,9 @@ fn a_run_that_writes_nothing_commits_nothing_and_a_commit_clears_its_notificatio
         // and clears its notification in the call that commits the secondary: one batched
         // call in all.
         env.write("r", "v", "go").await;
+        let p = engine.scan(&Bytes::new(), 10).await.unwrap().0.remove(0);
         let before = counted.counts();
-        assert_eq!(engine.run_until_quiet().await.unwrap().ran, 1);
+        assert_eq!(engine.process(&p).await.unwrap(), RunOutcome::Ran);
         let after = counted.counts();
         assert_eq!(after.check_and_mutate - before.check_and_mutate, 3);
         assert_eq!(after.mutate_rows - before.mutate_rows, 1);
