@@ -2,7 +2,8 @@
 //!
 //! - Runs: in the page's parse run, after parse wrote `page:redirect`.
 //! - Reads: the redirect target ("" if none), and `alias:done` (the target recorded last time).
-//! - Writes: `r:<target>\0<source>` (removing the old target's row), and `alias:done`.
+//! - Writes: `r:<target>\0<source>` (removing the old target's row; unchecked, see
+//!   [`model::reregister`]), and `alias:done`.
 //! - Notifies: the source's own `indeg:dirty` (weakly), when the registration moved. Indegree keeps
 //!   the alias sets from the source's side (it counts an alias at the end of its chain), and
 //!   uses these rows to tell the URLs redirecting to a page whose own end changed; an indegree run

@@ -4,7 +4,7 @@
 //! - Reads: the hash, and `dedup:registered` (the hash this page is registered under).
 //! - Writes: the membership rows `c:<hash>\0<url>` (removes the old one, adds the new one,
 //!   whose value is the body's simhash in hex, "" if it has none: the cluster's, since its
-//!   members share the body), and `dedup:registered`.
+//!   members share the body; unchecked, see [`model::reregister`]), and `dedup:registered`.
 //! - Notifies: the old and the new cluster heads (`cluster:dirty`, weakly), so canonical
 //!   choice runs for both.
 //! - Twice is harmless: when the registered hash equals the current one there is nothing to

@@ -186,6 +186,11 @@ pub type NotifyKey = (fn(&str) -> Bytes, &'static [u8]);
 /// Moves the page's registration from the key it has to the key it should have, telling both
 /// keys' rows; returns whether it moved. Nothing happens when they are the same, so running it
 /// twice is harmless.
+///
+/// The registration rows are written unchecked (`Transaction::set_unchecked`): their key
+/// holds the page's URL, so only the page's own runs write them, and each of those writes the
+/// page's `registered` cell, checked, where two of them conflict. One batched prewrite then
+/// takes them, rather than a conditional mutation each.
 pub async fn reregister(
     txn: &mut Transaction,
     row: &Bytes,
@@ -204,9 +209,9 @@ pub async fn reregister(
         let k = String::from_utf8_lossy(&k).into_owned();
         let child = (r.child)(&k, url);
         if add {
-            txn.set(child, Bytes::from_static(r.child_column), r.value.clone());
+            txn.set_unchecked(child, Bytes::from_static(r.child_column), r.value.clone());
         } else {
-            txn.delete(child, Bytes::from_static(r.child_column));
+            txn.delete_unchecked(child, Bytes::from_static(r.child_column));
         }
         if let Some((notify, column)) = r.notify {
             txn.notify(notify(&k), Bytes::from_static(column));
