@@ -31,6 +31,8 @@
 //!   that is gone (a redirect set and unset between two of this URL's runs). Alias tells the
 //!   source itself after writing its `r:` row, so a run that missed the row is followed by
 //!   one that sees it.
+//! - Ranges: a run reads the URL's change rows (if it is counted), its `a:` rows (a page) and
+//!   its `r:` rows (when its chain's stamp changed) in one call ([`Ranges`]).
 //! - Writes: `indeg:indeg` and `indeg:names` (the page and its aliases, sorted), each only if it
 //!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
 //! - Notifies: the page's cluster head (`cluster:dirty`, the cluster dedup registered it in;
@@ -53,7 +55,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use async_trait::async_trait;
 use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
-use perc_txn::Transaction;
+use perc_txn::{RangeScan, Transaction};
 
 use crate::model::{self, col, Meta};
 
@@ -85,8 +87,19 @@ impl Observer for InDegree {
         // alias's run and the end of a spell as one take them all (see the header).
         let limit =
             if counted_at.is_none() && chain.hops == 0 { self.fold_max } else { usize::MAX };
+        // The URLs redirecting straight here read every redirect this one's chain reads: if
+        // any of them was rewritten since the last run (even if back to what it was, or
+        // leaving the end as it was), their ends may have changed too. This holds for a URL
+        // not counted too: a redirect that came and went before its first run here leaves
+        // aliases that counted through it. A URL never fetched has no redirect cell to have
+        // been rewritten ("0"), and no stamp written.
+        let stamp = Bytes::from(chain.stamp.clone());
+        let before = txn.get(row, col::CHAIN).await?.unwrap_or_else(|| Bytes::from_static(b"0"));
+        let restamp = before != stamp;
+        let page = counting && chain.hops == 0;
+        let ranges = Ranges::read(txn, url, counting.then_some(limit), page, restamp).await?;
         let changes = if counting {
-            let (changes, more) = take_changes(txn, url, limit).await?;
+            let (changes, more) = take_changes(txn, ranges.changes, limit)?;
             if more {
                 txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
             }
@@ -100,21 +113,13 @@ impl Observer for InDegree {
             // (or its chain's end's) search document shows.
             crate::search::queue(txn, url);
         }
-        if counting && chain.hops == 0 {
-            as_page(txn, row, url, counted_at, changes).await?;
+        if page {
+            as_page(txn, row, url, counted_at, changes, ranges.aliases).await?;
         } else if counting {
             as_alias(txn, row, url, chain.end.clone(), counted_at, changes).await?;
         }
-        // The URLs redirecting straight here read every redirect this one's chain reads: if
-        // any of them was rewritten since the last run (even if back to what it was, or
-        // leaving the end as it was), their ends may have changed too. This holds for a URL
-        // not counted too: a redirect that came and went before its first run here leaves
-        // aliases that counted through it. A URL never fetched has no redirect cell to have
-        // been rewritten ("0"), and no stamp written.
-        let stamp = Bytes::from(chain.stamp);
-        let before = txn.get(row, col::CHAIN).await?.unwrap_or_else(|| Bytes::from_static(b"0"));
-        if before != stamp {
-            let told = notify_direct_aliases(txn, url).await?;
+        if restamp {
+            let told = notify_direct_aliases(txn, &ranges.redirecting);
             // A URL not counted and with no alias to tell keeps no stamp, so that its run
             // still commits nothing (a 404 that links point at); should an alias register
             // later, the stamp differs and it is told.
@@ -161,15 +166,59 @@ pub fn counts_inlinks(kind: &str) -> bool {
     kind == "page" || kind == "redirect"
 }
 
-/// The first `limit` change rows left for `url` (source → net change of its edge), deleted
-/// here, and whether some may be left.
-async fn take_changes(
+/// The rows of a URL's ranges that its run reads, read in one call: its change rows, its
+/// alias rows and the URLs redirecting straight to it, each only if the run needs them.
+struct Ranges {
+    /// The first change rows `d:<url>\0<source>\0<ts>`, if the URL is counted.
+    changes: Vec<(Bytes, Bytes)>,
+    /// Its aliases (`a:<url>\0<alias>`), if it is a page.
+    aliases: Vec<String>,
+    /// The URLs redirecting straight to it (`r:<url>\0<source>`), if its stamp changed.
+    redirecting: Vec<String>,
+}
+
+impl Ranges {
+    async fn read(
+        txn: &Transaction,
+        url: &str,
+        changes: Option<usize>,
+        aliases: bool,
+        redirecting: bool,
+    ) -> Result<Ranges, ObserverError> {
+        let (d, a, r) =
+            (model::children("d:", url), model::children("a:", url), model::children("r:", url));
+        let mut scans = Vec::new();
+        if let Some(limit) = changes {
+            scans.push(RangeScan::new(&d.0, &d.1, col::DELTA).first(limit));
+        }
+        if aliases {
+            scans.push(RangeScan::new(&a.0, &a.1, col::ALIAS));
+        }
+        if redirecting {
+            scans.push(RangeScan::new(&r.0, &r.1, col::ALIAS_FROM));
+        }
+        let mut found =
+            if scans.is_empty() { Vec::new() } else { txn.scan_each(&scans).await? }.into_iter();
+        let keys = |rows: Vec<(Bytes, Bytes)>| -> Vec<String> {
+            rows.iter().filter_map(|(r, _)| model::child_key(r).map(str::to_string)).collect()
+        };
+        let mut next =
+            |wanted: bool| if wanted { found.next().unwrap_or_default() } else { Vec::new() };
+        Ok(Ranges {
+            changes: next(changes.is_some()),
+            aliases: keys(next(aliases)),
+            redirecting: keys(next(redirecting)),
+        })
+    }
+}
+
+/// Of a URL's first `limit` change rows (`rows`): source → net change of its edge; the rows
+/// are deleted here. And whether some may be left.
+fn take_changes(
     txn: &mut Transaction,
-    url: &str,
+    rows: Vec<(Bytes, Bytes)>,
     limit: usize,
 ) -> Result<(BTreeMap<String, i64>, bool), ObserverError> {
-    let (start, end) = model::children("d:", url);
-    let rows = txn.scan_first(&start, &end, col::DELTA, limit).await?;
     let more = rows.len() >= limit;
     let mut changes = BTreeMap::new();
     for (r, v) in rows {
@@ -190,6 +239,7 @@ async fn as_page(
     url: &str,
     counted_at: Option<Bytes>,
     changes: BTreeMap<String, i64>,
+    aliases: Vec<String>,
 ) -> Result<(), ObserverError> {
     let (base, extra) = match counted_at {
         Some(old) => {
@@ -220,7 +270,7 @@ async fn as_page(
     model::set_if_changed(txn, row, col::BASE, Bytes::from(base.to_string())).await?;
     model::set_if_changed(txn, row, col::EXTRA, Bytes::from(extra.to_string())).await?;
     let mut names = BTreeSet::from([url.to_string()]);
-    names.extend(model::child_keys(txn, "a:", url, col::ALIAS).await?);
+    names.extend(aliases);
     let names: Vec<String> = names.into_iter().collect();
     let a = model::set_if_changed(txn, row, col::INDEG, Bytes::from((base + extra).to_string()))
         .await?;
@@ -419,14 +469,13 @@ async fn own_sources(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, O
     Ok(sources)
 }
 
-/// Tells the URLs redirecting straight to `url` that their chain's end may have changed.
-/// Returns how many it told.
-async fn notify_direct_aliases(txn: &mut Transaction, url: &str) -> Result<usize, ObserverError> {
-    let sources = model::child_keys(txn, "r:", url, col::ALIAS_FROM).await?;
-    for source in &sources {
+/// Tells the URLs redirecting straight to a URL (`sources`) that their chain's end may have
+/// changed. Returns how many it told.
+fn notify_direct_aliases(txn: &mut Transaction, sources: &[String]) -> usize {
+    for source in sources {
         txn.notify(model::page(source), Bytes::from_static(col::INDEG_DIRTY));
     }
-    Ok(sources.len())
+    sources.len()
 }
 
 /// Tells the page's cluster and its export that its in-degree changed.

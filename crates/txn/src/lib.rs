@@ -43,7 +43,7 @@ pub use commit::{CommitStep, Crashed};
 pub use error::{Retryable, TxnError};
 pub use liveness::Liveness;
 pub use record::{ClientId, LockRecord, WriteKind, WriteRecord};
-pub use transaction::{Probes, Transaction, Version};
+pub use transaction::{Probes, RangeScan, Transaction, Version};
 
 /// The families this layer needs in the store's schema.
 pub const FAMILIES: [FamilySpec; 5] =

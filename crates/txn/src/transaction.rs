@@ -19,6 +19,28 @@ pub const SCAN_PIECE_CELLS: usize = 65_536;
 /// The probe columns of a conditional notification ([`Transaction::notify_if_written`]).
 pub type Probes = &'static [&'static [u8]];
 
+/// One range of [`Transaction::scan_each`]: the rows in `[start, end)` (`end` empty: to the
+/// end) with a value in `column`, the first `rows` of them.
+#[derive(Clone, Copy, Debug)]
+pub struct RangeScan<'a> {
+    pub start: &'a [u8],
+    pub end: &'a [u8],
+    pub column: &'a [u8],
+    pub rows: usize,
+}
+
+impl<'a> RangeScan<'a> {
+    /// Every row of the range.
+    pub fn new(start: &'a [u8], end: &'a [u8], column: &'a [u8]) -> RangeScan<'a> {
+        RangeScan { start, end, column, rows: usize::MAX }
+    }
+
+    /// Its first `rows` rows only.
+    pub fn first(self, rows: usize) -> RangeScan<'a> {
+        RangeScan { rows, ..self }
+    }
+}
+
 /// Whether a scan reads the values of the rows it finds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Values {
@@ -239,9 +261,8 @@ impl Transaction {
         end: &[u8],
         column: &[u8],
     ) -> Result<Vec<Bytes>, TxnError> {
-        let piece = self.client.config().scan_piece_cells;
-        let mut found =
-            self.scan_pieces(&[(start, end)], column, piece, usize::MAX, Values::Skip).await?;
+        let range = RangeScan::new(start, end, column);
+        let mut found = self.scan_pieces(&[range], Values::Skip).await?;
         Ok(found.pop().unwrap_or_default().into_iter().map(|(row, _)| row).collect())
     }
 
@@ -252,8 +273,20 @@ impl Transaction {
         ranges: &[(&[u8], &[u8])],
         column: &[u8],
     ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
-        let piece = self.client.config().scan_piece_cells;
-        self.scan_pieces(ranges, column, piece, usize::MAX, Values::Read).await
+        let ranges: Vec<RangeScan> =
+            ranges.iter().map(|(start, end)| RangeScan::new(start, end, column)).collect();
+        self.scan_each(&ranges).await
+    }
+
+    /// Several scans, each of its own range and column and each up to its own number of
+    /// rows ([`RangeScan`]), in one scan call for all of them and one read of the values
+    /// found (and as many more as the ranges need pieces): what [`Self::scan`] and
+    /// [`Self::scan_first`] would find, one by one.
+    pub async fn scan_each(
+        &self,
+        ranges: &[RangeScan<'_>],
+    ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
+        self.scan_pieces(ranges, Values::Read).await
     }
 
     /// The first `rows` rows of [`Self::scan`]: its cost follows them (and the versions
@@ -265,36 +298,43 @@ impl Transaction {
         column: &[u8],
         rows: usize,
     ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
-        let piece = rows.saturating_mul(2).max(64).min(self.client.config().scan_piece_cells);
-        let mut found =
-            self.scan_pieces(&[(start, end)], column, piece, rows, Values::Read).await?;
+        let range = RangeScan::new(start, end, column).first(rows);
+        let mut found = self.scan_pieces(&[range], Values::Read).await?;
         Ok(found.pop().unwrap_or_default())
     }
 
-    /// Each range read in pieces of at first `piece` records, each from where the last one
-    /// stopped, until the range is read or has `rows` rows. A piece that leaves its range short
-    /// grows fourfold, up to `scan_piece_cells`; beyond that only when one row holds more
-    /// records than a piece (a row is read whole).
+    /// Each range read in pieces, each from where the last one stopped, until the range is
+    /// read or has its rows. A range's first piece is `scan_piece_cells` records, or for a
+    /// range of its first `rows` twice that many (at least 64, at most `scan_piece_cells`).
+    /// A piece that leaves its range short grows fourfold, up to `scan_piece_cells`; beyond
+    /// that only when one row holds more records than a piece (a row is read whole).
     async fn scan_pieces(
         &self,
-        ranges: &[(&[u8], &[u8])],
-        column: &[u8],
-        piece: usize,
-        rows: usize,
+        ranges: &[RangeScan<'_>],
         values: Values,
     ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
         let most = self.client.config().scan_piece_cells.max(1);
-        let piece = piece.max(1);
         let mut out: Vec<Vec<(Bytes, Bytes)>> = vec![Vec::new(); ranges.len()];
         // Per range still to read: where its next piece starts, and the piece's size.
-        let mut todo: Vec<(usize, Bytes, usize)> =
-            (0..ranges.len()).map(|i| (i, Bytes::copy_from_slice(ranges[i].0), piece)).collect();
+        let mut todo: Vec<(usize, Bytes, usize)> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let piece = if r.rows == usize::MAX {
+                    most
+                } else {
+                    r.rows.saturating_mul(2).max(64).min(most)
+                };
+                (i, Bytes::copy_from_slice(r.start), piece)
+            })
+            .collect();
         while !todo.is_empty() {
-            let cells = todo.iter().map(|t| t.2).max().unwrap_or(piece);
             let (found, cuts) = {
-                let pieces: Vec<(&[u8], &[u8])> =
-                    todo.iter().map(|(i, start, _)| (start.as_ref(), ranges[*i].1)).collect();
-                self.scan_cut(&pieces, column, cells, values).await?
+                let pieces: Vec<(RangeScan, usize)> = todo
+                    .iter()
+                    .map(|(i, start, size)| (RangeScan { start, ..ranges[*i] }, *size))
+                    .collect();
+                self.scan_cut(&pieces, values).await?
             };
             let mut next = Vec::new();
             for ((i, start, size), (found, cut)) in
@@ -304,12 +344,12 @@ impl Transaction {
                 out[i]
                     .extend(found.into_iter().filter(|(r, _)| cut.as_ref().is_none_or(|c| r < c)));
                 match cut {
-                    Some(cut) if out[i].len() < rows => {
+                    Some(cut) if out[i].len() < ranges[i].rows => {
                         let grown = size.saturating_mul(4);
                         let size = if cut == start { grown } else { grown.min(most).max(size) };
                         next.push((i, cut, size));
                     }
-                    _ => out[i].truncate(rows),
+                    _ => out[i].truncate(ranges[i].rows),
                 }
             }
             todo = next;
@@ -317,14 +357,12 @@ impl Transaction {
         Ok(out)
     }
 
-    /// [`Self::scan_ranges`] reading at most `cells` cells of each family per range: with
-    /// each range's values (empty ones with [`Values::Skip`], but for locked cells), the row
-    /// where its reading stopped short (rows from it on are missing or partial), if it did.
+    /// One piece of each range: at most its `cells` records of each family. With each range's
+    /// values (empty ones with [`Values::Skip`], but for locked cells), the row where its
+    /// reading stopped short (rows from it on are missing or partial), if it did.
     async fn scan_cut(
         &self,
-        ranges: &[(&[u8], &[u8])],
-        column: &[u8],
-        cells: usize,
+        ranges: &[(RangeScan<'_>, usize)],
         values: Values,
     ) -> Result<(Vec<Vec<(Bytes, Bytes)>>, Vec<Option<Bytes>>), TxnError> {
         if ranges.is_empty() {
@@ -333,40 +371,39 @@ impl Transaction {
         let store = self.client.store();
         let scans: Vec<perc_store::Scan> = ranges
             .iter()
-            .flat_map(|(start, end)| {
+            .flat_map(|(r, cells)| {
                 [actions::LOCK.name, actions::WRITE.name].map(|family| perc_store::Scan {
                     family,
-                    start: Bytes::copy_from_slice(start),
-                    end: Bytes::copy_from_slice(end),
-                    limit: cells,
+                    start: Bytes::copy_from_slice(r.start),
+                    end: Bytes::copy_from_slice(r.end),
+                    limit: *cells,
                 })
             })
             .collect();
-        let column = Bytes::copy_from_slice(column);
         let mut scanned = store.scan_many(&scans).await?.into_iter();
         let mut cuts: Vec<Option<Bytes>> = Vec::new();
         // Per range: cells locked at or below start_ts, read one by one (which waits on or
         // resolves the lock exactly as `get` does), and the newest committed record at or
         // below start_ts of each other row (cells come newest first).
         let mut per_range: Vec<(BTreeSet<Bytes>, BTreeMap<Bytes, WriteRecord>)> = Vec::new();
-        for _ in ranges {
+        for (r, cells) in ranges {
             let (locks, writes) = (scanned.next(), scanned.next());
             // A family read up to its limit stopped at its last row, or before.
             let cut = [&locks, &writes]
                 .into_iter()
-                .filter_map(|f| f.as_ref().filter(|f| f.len() >= cells)?.last())
+                .filter_map(|f| f.as_ref().filter(|f| f.len() >= *cells)?.last())
                 .map(|c| c.row.clone())
                 .min();
             cuts.push(cut);
             let mut locked = BTreeSet::new();
             for c in locks.into_iter().flatten() {
-                if c.qualifier == column && c.ts <= self.start_ts {
+                if c.qualifier.as_ref() == r.column && c.ts <= self.start_ts {
                     locked.insert(c.row);
                 }
             }
             let mut newest: BTreeMap<Bytes, WriteRecord> = BTreeMap::new();
             for c in writes.into_iter().flatten() {
-                if c.qualifier != column
+                if c.qualifier.as_ref() != r.column
                     || c.ts > self.start_ts
                     || locked.contains(&c.row)
                     || newest.contains_key(&c.row)
@@ -399,9 +436,12 @@ impl Transaction {
         } else if !puts.is_empty() {
             let reads: Vec<RowRead> = puts
                 .iter()
-                .map(|(_, row, ts)| RowRead {
+                .map(|(i, row, ts)| RowRead {
                     row: row.clone(),
-                    reads: vec![ColumnRead::newest(data_col(&column), TsRange::at(*ts))],
+                    reads: vec![ColumnRead::newest(
+                        data_col(&Bytes::copy_from_slice(ranges[*i].0.column)),
+                        TsRange::at(*ts),
+                    )],
                 })
                 .collect();
             for ((i, row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
@@ -409,7 +449,7 @@ impl Transaction {
                     TxnError::Corrupt(format!(
                         "{}/{}: no data at {ts} for its write record",
                         error::show(&row),
-                        error::show(&column)
+                        error::show(&Bytes::copy_from_slice(ranges[i].0.column))
                     ))
                 })?;
                 found[i].insert(row, Some(cell.value));
@@ -417,15 +457,15 @@ impl Transaction {
         }
         for (i, (locked, _)) in per_range.into_iter().enumerate() {
             for row in locked {
-                let v = self.get(&row, &column).await?;
+                let v = self.get(&row, ranges[i].0.column).await?;
                 found[i].insert(row, v);
             }
         }
-        for ((start, end), found) in ranges.iter().zip(found.iter_mut()) {
+        for ((r, _), found) in ranges.iter().zip(found.iter_mut()) {
             for ((row, col), v) in &self.writes {
-                if *col == column
-                    && row.as_ref() >= *start
-                    && (end.is_empty() || row.as_ref() < *end)
+                if col.as_ref() == r.column
+                    && row.as_ref() >= r.start
+                    && (r.end.is_empty() || row.as_ref() < r.end)
                 {
                     found.insert(row.clone(), v.clone());
                 }

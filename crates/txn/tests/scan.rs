@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use perc_txn::{Clock, CommitStep, ManualClock, TxnConfig};
+use perc_txn::{Clock, CommitStep, ManualClock, RangeScan, TxnConfig};
 
 fn s(v: &[(Bytes, Bytes)]) -> Vec<(String, String)> {
     v.iter()
@@ -150,6 +150,19 @@ fn a_scan_read_in_pieces_is_the_scan_read_at_once() {
             // Its rows alone, without the values, are the same rows.
             let rows: Vec<Bytes> = at_once.iter().map(|(r, _)| r.clone()).collect();
             assert_eq!(b.scan_rows(b"n/", b"n0", b"due").await.unwrap(), rows, "{piece}");
+            // Scans of their own columns and row counts at once, as one by one.
+            let each = [
+                RangeScan::new(b"n/", b"n0", b"due").first(7),
+                RangeScan::new(b"n/0050", b"", b"other"),
+                RangeScan::new(b"n/", b"n0", b"due"),
+            ];
+            let one_by_one = vec![
+                a.scan_first(b"n/", b"n0", b"due", 7).await.unwrap(),
+                a.scan(b"n/0050", b"", b"other").await.unwrap(),
+                at_once.clone(),
+            ];
+            assert_eq!(one_by_one[0].len(), 7);
+            assert_eq!(b.scan_each(&each).await.unwrap(), one_by_one, "{piece}");
             let ranges: [(&[u8], &[u8]); 2] = [(b"n/0000", b"n/0050"), (b"n/0050", b"")];
             assert_eq!(
                 b.scan_ranges(&ranges, b"due").await.unwrap(),
