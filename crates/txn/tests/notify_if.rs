@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use perc_store::{Counted, Scan, Store};
-use perc_txn::{Clock, CommitStep, ManualClock, TxnConfig};
+use perc_store::{Scan, Store};
+use perc_txn::CommitStep;
 
 const PROBES: &[&[u8]] = &[b"meta", b"alias"];
 
@@ -33,11 +33,8 @@ async fn notified(store: &Arc<dyn Store>) -> Vec<String> {
 #[test]
 fn a_conditional_notification_is_set_where_a_probe_was_ever_written_or_is_locked() {
     rt().block_on(async {
-        let counted = Arc::new(Counted::new(common::mem_store()));
+        let (counted, c) = common::counted_client().await;
         let store: Arc<dyn Store> = counted.clone();
-        let oracle = common::oracle(&store).await;
-        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
-        let c = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
 
         // "committed": a probe written and committed before the notifying transaction began.
         let mut t = c.begin().await.unwrap();

@@ -6,7 +6,6 @@ mod common;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use perc_store::{Counted, Store};
 use perc_txn::{Clock, CommitStep, ManualClock, TxnConfig, Version};
 
 fn key(row: &str, column: &str) -> (Bytes, Bytes) {
@@ -17,11 +16,7 @@ fn key(row: &str, column: &str) -> (Bytes, Bytes) {
 fn cells_read_together_cost_one_call_and_rereads_are_free() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let counted = Arc::new(Counted::new(common::mem_store()));
-        let store: Arc<dyn Store> = counted.clone();
-        let oracle = common::oracle(&store).await;
-        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
-        let c = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
+        let (counted, c) = common::counted_client().await;
         let mut t = c.begin().await.unwrap();
         t.set("a", "x", "ax");
         t.set("a", "y", "ay");

@@ -177,11 +177,7 @@ fn a_scan_read_in_pieces_is_the_scan_read_at_once() {
 fn the_rows_of_a_scan_are_found_without_reading_a_value() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let counted = Arc::new(perc_store::Counted::new(common::mem_store()));
-        let store: Arc<dyn perc_store::Store> = counted.clone();
-        let oracle = common::oracle(&store).await;
-        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
-        let c = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
+        let (counted, c) = common::counted_client().await;
         written_thrice(&c, 50, 10).await;
         let t = c.begin().await.unwrap();
         let before = counted.counts();

@@ -5,29 +5,17 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
-use perc_store::{Counted, Store};
-use perc_txn::{Clock, ManualClock, TxnConfig, TxnError};
+use perc_txn::TxnError;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
 
-async fn setup() -> (Arc<Counted<Arc<dyn Store>>>, perc_txn::Client) {
-    let counted = Arc::new(Counted::new(common::mem_store()));
-    let store: Arc<dyn Store> = counted.clone();
-    let oracle = common::oracle(&store).await;
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
-    let c = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
-    (counted, c)
-}
-
 #[test]
 fn unchecked_rows_share_one_prewrite_call_and_read_back() {
     rt().block_on(async {
-        let (counted, c) = setup().await;
+        let (counted, c) = common::counted_client().await;
         for unchecked in [false, true] {
             let mut t = c.begin().await.unwrap();
             t.set("page", "links", "20 of them");
@@ -70,7 +58,7 @@ fn unchecked_rows_share_one_prewrite_call_and_read_back() {
 #[test]
 fn writers_of_an_unchecked_cell_conflict_at_their_shared_checked_cell() {
     rt().block_on(async {
-        let (_, c) = setup().await;
+        let (_, c) = common::counted_client().await;
         let mut first = c.begin().await.unwrap();
         let mut second = c.begin().await.unwrap();
         for (t, v) in [(&mut first, "1"), (&mut second, "2")] {
@@ -90,7 +78,7 @@ fn writers_of_an_unchecked_cell_conflict_at_their_shared_checked_cell() {
 #[test]
 fn a_cell_written_checked_stays_checked() {
     rt().block_on(async {
-        let (_, c) = setup().await;
+        let (_, c) = common::counted_client().await;
         let mut late = c.begin().await.unwrap();
         let mut early = c.begin().await.unwrap();
         early.set("x", "c", "early");

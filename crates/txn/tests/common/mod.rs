@@ -5,8 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use perc_oracle::{LocalOracle, Oracle};
-use perc_store::{MemStore, Schema, SledOptions, SledStore, Store};
-use perc_txn::{Client, Clock, TxnConfig, TxnError};
+use perc_store::{Counted, MemStore, Schema, SledOptions, SledStore, Store};
+use perc_txn::{Client, Clock, ManualClock, TxnConfig, TxnError};
 
 pub fn schema() -> Schema {
     let mut schema = Schema::new(perc_txn::FAMILIES);
@@ -34,6 +34,16 @@ pub async fn client(
     config: TxnConfig,
 ) -> Client {
     Client::new(store.clone(), oracle.clone(), clock.clone(), config).await.expect("client")
+}
+
+/// A client (a manual clock, the default configuration) on an in-memory store that counts
+/// its calls, and that store.
+pub async fn counted_client() -> (Arc<Counted<Arc<dyn Store>>>, Client) {
+    let counted = Arc::new(Counted::new(mem_store()));
+    let store: Arc<dyn Store> = counted.clone();
+    let oracle = oracle(&store).await;
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
+    (counted, client(&store, &oracle, &clock, TxnConfig::default()).await)
 }
 
 /// Runs `body` in fresh transactions until it commits or fails for a reason other than
