@@ -434,14 +434,14 @@ impl Transaction {
                 found[i].insert(row, Some(Bytes::new()));
             }
         } else if !puts.is_empty() {
+            // Each range's data column, made once rather than once a row.
+            let data: Vec<_> =
+                ranges.iter().map(|(r, _)| data_col(&Bytes::copy_from_slice(r.column))).collect();
             let reads: Vec<RowRead> = puts
                 .iter()
                 .map(|(i, row, ts)| RowRead {
                     row: row.clone(),
-                    reads: vec![ColumnRead::newest(
-                        data_col(&Bytes::copy_from_slice(ranges[*i].0.column)),
-                        TsRange::at(*ts),
-                    )],
+                    reads: vec![ColumnRead::newest(data[*i].clone(), TsRange::at(*ts))],
                 })
                 .collect();
             for ((i, row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
@@ -449,7 +449,7 @@ impl Transaction {
                     TxnError::Corrupt(format!(
                         "{}/{}: no data at {ts} for its write record",
                         error::show(&row),
-                        error::show(&Bytes::copy_from_slice(ranges[i].0.column))
+                        error::show(&data[i].qualifier)
                     ))
                 })?;
                 found[i].insert(row, Some(cell.value));
