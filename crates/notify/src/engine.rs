@@ -345,15 +345,14 @@ impl Engine {
     }
 
     /// Up to `limit` notify cells from row `start` on, collapsed; and where to continue
-    /// (`None`: the end of the table was reached).
+    /// (`None`: the end of the table was reached). The clears this engine deferred are made
+    /// first ([`Self::flush_clears`]), so that it does not read settled notifications again.
     pub async fn scan(
         &self,
         start: &Bytes,
         limit: usize,
     ) -> Result<(Vec<Pending>, Option<Bytes>), TxnError> {
-        let scan =
-            Scan { family: actions::NOTIFY.name, start: start.clone(), end: Bytes::new(), limit };
-        let cells = self.store().scan(&scan).await?;
+        let cells = self.notify_cells(start.clone(), limit).await?;
         let full = cells.len() >= limit;
         let mut pending = collapse(cells);
         if !full {
@@ -380,9 +379,14 @@ impl Engine {
 
     /// The distinct pending notifications in the first `limit` notify cells.
     async fn pending(&self, limit: usize) -> Result<Vec<Pending>, TxnError> {
-        let scan =
-            Scan { family: actions::NOTIFY.name, start: Bytes::new(), end: Bytes::new(), limit };
-        Ok(collapse(self.store().scan(&scan).await?))
+        Ok(collapse(self.notify_cells(Bytes::new(), limit).await?))
+    }
+
+    /// Up to `limit` notify cells from row `start` on, once the deferred clears are made.
+    async fn notify_cells(&self, start: Bytes, limit: usize) -> Result<Vec<ScanCell>, TxnError> {
+        self.flush_clears().await?;
+        let scan = Scan { family: actions::NOTIFY.name, start, end: Bytes::new(), limit };
+        Ok(self.store().scan(&scan).await?)
     }
 
     /// Distinct pending notifications, counting at most `limit` notify cells.
@@ -607,8 +611,8 @@ impl Engine {
         deferred.get(key).is_some_and(|&at| at >= ts)
     }
 
-    /// Deletes the notify cells of every deferred clear, in one call. Workers call it before
-    /// each scan of the notify family, and at quiescence and shutdown.
+    /// Deletes the notify cells of every deferred clear, in one call: before each read of the
+    /// notify family here, and when a step or the workers stop.
     pub async fn flush_clears(&self) -> Result<(), TxnError> {
         let taken = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|e| e.into_inner()));
         let mut batch: Vec<RowMutation> = Vec::new();
@@ -807,7 +811,6 @@ impl Engine {
         let mut report = StepReport::default();
         let mut start = Bytes::new();
         loop {
-            self.flush_clears().await?;
             let (batch, next) = self.scan(&start, self.config.scan_batch).await?;
             for p in &batch {
                 self.begin_tracked();

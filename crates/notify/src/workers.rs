@@ -124,11 +124,7 @@ impl Workers {
             let started = engine.started.load(Ordering::SeqCst);
             // The scan only when nothing runs: a run in flight means not quiet yet.
             if engine.in_flight.load(Ordering::SeqCst) == 0 {
-                let pending = match engine.flush_clears().await {
-                    Ok(()) => engine.has_pending().await,
-                    Err(e) => Err(e),
-                };
-                let pending = match pending {
+                let pending = match engine.has_pending().await {
                     Ok(p) => p,
                     Err(e) => {
                         engine.note(&e);
@@ -208,11 +204,6 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     let (mut upstream_now, mut upstream_last) = (usize::MAX, usize::MAX);
     while !shared.stop.is_cancelled() && engine.fatal().is_none() {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
-        // What finished runs settled is cleared first, or the scan reads it again.
-        if let Err(e) = engine.flush_clears().await {
-            engine.note(&e);
-            tracing::warn!(error = %e, "clearing settled notifications failed");
-        }
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
             Ok(b) => b,
             Err(e) => {
