@@ -197,17 +197,14 @@ impl Ranges {
         if redirecting {
             scans.push(RangeScan::new(&r.0, &r.1, col::ALIAS_FROM));
         }
-        let mut found =
-            if scans.is_empty() { Vec::new() } else { txn.scan_each(&scans).await? }.into_iter();
-        let keys = |rows: Vec<(Bytes, Bytes)>| -> Vec<String> {
-            rows.iter().filter_map(|(r, _)| model::child_key(r).map(str::to_string)).collect()
-        };
+        // No scan asked for, no call made.
+        let mut found = txn.scan_each(&scans).await?.into_iter();
         let mut next =
             |wanted: bool| if wanted { found.next().unwrap_or_default() } else { Vec::new() };
         Ok(Ranges {
             changes: next(changes.is_some()),
-            aliases: keys(next(aliases)),
-            redirecting: keys(next(redirecting)),
+            aliases: model::child_keys_of(&next(aliases)),
+            redirecting: model::child_keys_of(&next(redirecting)),
         })
     }
 }
