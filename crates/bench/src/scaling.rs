@@ -113,12 +113,12 @@ async fn measure(pages: usize) -> Result<Figures> {
     let calls = store.counts().row_ops() - before.row_ops();
     let indexed = perc_observers::page_count(&loader).await?;
     // A running system collects old versions as it goes (every `gc_interval_ms`); the bulk
-    // load outran the interval, so collect once before measuring updates.
-    // The workers publish their low watermark with each heartbeat, and the pass collects
-    // below the smallest published: after a replay shorter than the heartbeat's period, the
-    // one from their start (at 1k pages, half the runs), and the pass then removed nothing,
-    // leaving every version to the updates (a p50 of ~22 ms against ~14). A running system's
-    // collector beats first as it runs in the workers; so does this one.
+    // load outran the interval, so collect once before measuring updates. The pass collects
+    // below the smallest low watermark the clients published, and the workers publish theirs
+    // with each heartbeat: after a replay shorter than its period, the one from their start,
+    // and the pass removed nothing (at 1k pages, half the runs; the updates then ran on every
+    // version, a p50 of ~22 ms against ~14). A running system's collector beats first, in the
+    // workers; so does this one.
     workers.engine().client().heartbeat().await?;
     let gc_start = Instant::now();
     let gc = perc_txn::gc::collect(&loader, 4096).await?;

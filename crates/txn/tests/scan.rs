@@ -99,9 +99,7 @@ fn scan_sees_its_snapshot_and_own_writes() {
 fn scan_first_is_the_head_of_scan_whatever_the_versions_and_deletes_before_it() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let store = common::mem_store();
-        let oracle = common::oracle(&store).await;
-        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
+        let (store, oracle, clock) = common::mem_parts().await;
         let c = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
         // 300 rows, each written three times; the first 200 then deleted (their write
         // records stay until GC), and a few more rewritten by the reader itself.
@@ -122,9 +120,7 @@ fn scan_first_is_the_head_of_scan_whatever_the_versions_and_deletes_before_it() 
 fn a_scan_read_in_pieces_is_the_scan_read_at_once() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let store = common::mem_store();
-        let oracle = common::oracle(&store).await;
-        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_000_000));
+        let (store, oracle, clock) = common::mem_parts().await;
         let whole = common::client(&store, &oracle, &clock, TxnConfig::default()).await;
         // 100 rows with two columns written three times, the first 40 then deleted, and one
         // row with 30 versions: more records than a piece holds, so its piece must grow.

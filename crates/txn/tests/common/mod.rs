@@ -36,6 +36,13 @@ pub async fn client(
     Client::new(store.clone(), oracle.clone(), clock.clone(), config).await.expect("client")
 }
 
+/// An in-memory store, its oracle and a manual clock: what a test's clients share.
+pub async fn mem_parts() -> (Arc<dyn Store>, Arc<dyn Oracle>, Arc<dyn Clock>) {
+    let store = mem_store();
+    let oracle = oracle(&store).await;
+    (store, oracle, Arc::new(ManualClock::new(1_000_000)))
+}
+
 /// A client (a manual clock, the default configuration) on an in-memory store that counts
 /// its calls, and that store.
 pub async fn counted_client() -> (Arc<Counted<Arc<dyn Store>>>, Client) {
