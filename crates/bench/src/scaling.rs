@@ -51,6 +51,9 @@ struct Figures {
     /// Per update, on average: store calls, and by observer (name, runs, conflicted runs,
     /// mean committed run in µs).
     update_calls: f64,
+    /// Of those, reads of the notify family (the scanners' and the quiescence checks').
+    #[serde(default)]
+    update_notify_scans: f64,
     update_runs: Vec<(String, f64, f64, f64)>,
 }
 
@@ -75,6 +78,17 @@ fn dir_bytes(dir: &std::path::Path) -> Result<u64> {
         total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
     }
     Ok(total)
+}
+
+/// Profiling the updates alone: with `BENCH_PERF_CTL` naming the control FIFO of a
+/// `perf record --control fifo:F -D -1` that started this process, the recording is enabled
+/// for the updates only (`command` "enable" or "disable").
+fn perf_control(command: &str) {
+    if let Some(fifo) = std::env::var_os("BENCH_PERF_CTL") {
+        if let Err(e) = std::fs::write(&fifo, format!("{command}\n")) {
+            eprintln!("perf control {}: {e}", std::path::Path::new(&fifo).display());
+        }
+    }
 }
 
 /// The child: one size, start to end.
@@ -126,8 +140,10 @@ async fn measure(pages: usize) -> Result<Figures> {
     let gc_rss_kb = peak_rss_kb();
 
     // 2. Update latency: one page's content and links change; wait for every effect.
+    perf_control("enable");
     let mut latencies = Vec::with_capacity(UPDATES);
     let calls_before = store.counts().row_ops();
+    let notify_scans_before = store.scans_of(perc_txn::actions::NOTIFY.name);
     let runs_before = workers.engine().stats();
     for (n, (i, _)) in web.change_set(UPDATES, 5).into_iter().enumerate() {
         let update = Recorded {
@@ -139,7 +155,11 @@ async fn measure(pages: usize) -> Result<Figures> {
         workers.wait().await?;
         latencies.push(t.elapsed().as_secs_f64() * 1000.0);
     }
+    perf_control("disable");
     let update_calls = (store.counts().row_ops() - calls_before) as f64 / UPDATES as f64;
+    let update_notify_scans = (store.scans_of(perc_txn::actions::NOTIFY.name) - notify_scans_before)
+        as f64
+        / UPDATES as f64;
     let update_runs = workers
         .engine()
         .stats()
@@ -176,6 +196,7 @@ async fn measure(pages: usize) -> Result<Figures> {
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
         update_calls,
+        update_notify_scans,
         update_runs,
     })
 }
@@ -222,9 +243,11 @@ pub fn run(scale: f64) -> Result<()> {
             format!("p50 {:.1} ms", f.p50_ms),
             format!(
                 "p99 {:.1} ms over {UPDATES} updates (content and links of one page); per update \
-                 {:.0} store calls, observer runs (of which conflicted): {}",
+                 {:.0} store calls ({:.0} reads of the notify family), observer runs (of which \
+                 conflicted): {}",
                 f.p99_ms,
                 f.update_calls,
+                f.update_notify_scans,
                 f.update_runs
                     .iter()
                     .map(|(name, runs, conflicts, us)| {
