@@ -239,6 +239,10 @@ pub struct Engine {
     /// next scan of the notify family. Losing them (a crash, a failed call) leaves
     /// notifications that rerun finding nothing changed.
     deferred: Mutex<BTreeMap<(Bytes, Bytes), Ts>>,
+    /// Held while deferred clears are being made: a flush returns once every clear deferred
+    /// before it began is made, even those another flush took first (a quiescence check
+    /// that found such a notification still there would wait for a run that never comes).
+    flushing: tokio::sync::Mutex<()>,
     /// Runs in flight, and runs ever started: quiescence needs both.
     pub(crate) in_flight: AtomicUsize,
     pub(crate) started: AtomicU64,
@@ -247,6 +251,9 @@ pub struct Engine {
     pub(crate) lease_refused: AtomicU64,
     /// Signalled whenever a run finishes.
     pub(crate) progress: tokio::sync::Notify,
+    /// Runs that committed notifications, counted before their finish is signalled: work
+    /// for the scanners that their last read may not have found.
+    pub(crate) notifying_commits: AtomicU64,
     /// The first error that no retry can fix (the store's device is full): once set, the
     /// workers' `wait` returns it instead of waiting for work that cannot be done.
     fatal: Mutex<Option<perc_store::StoreError>>,
@@ -301,10 +308,12 @@ impl Engine {
             learned: Mutex::new(HashMap::new()),
             idle_acks: Mutex::new(HashMap::new()),
             deferred: Mutex::new(BTreeMap::new()),
+            flushing: tokio::sync::Mutex::new(()),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             lease_refused: AtomicU64::new(0),
             progress: tokio::sync::Notify::new(),
+            notifying_commits: AtomicU64::new(0),
             fatal: Mutex::new(None),
         }
     }
@@ -573,9 +582,13 @@ impl Engine {
             // The notification is cleared in the call that commits the secondaries.
             txn.after_commit(notify_delete(p));
         }
+        let notifies = txn.notifies();
         match crash {
             None => {
                 txn.commit().await?;
+                if notifies {
+                    self.notifying_commits.fetch_add(1, Ordering::SeqCst);
+                }
             }
             #[cfg(feature = "failpoints")]
             Some(step) => {
@@ -614,6 +627,7 @@ impl Engine {
     /// Deletes the notify cells of every deferred clear, in one call: before each read of the
     /// notify family here, and when a step or the workers stop.
     pub async fn flush_clears(&self) -> Result<(), TxnError> {
+        let _flushing = self.flushing.lock().await;
         let taken = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|e| e.into_inner()));
         let mut batch: Vec<RowMutation> = Vec::new();
         for ((row, column), ts) in taken {

@@ -21,7 +21,7 @@
 //! no run in flight, cascades included.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
 use crate::observer::NotifyKind;
+use perc_store::Ts;
 use perc_txn::gc;
 use perc_txn::TxnError;
 
@@ -44,6 +45,10 @@ use perc_txn::TxnError;
 const UPSTREAM_WINDOWS: u64 = 16;
 
 const SAMPLE_ROWS: usize = 256;
+
+/// The table of notifications being gathered keeps room for this many whatever it holds
+/// (see [`forget_seen`]).
+const SEEN_KEPT: usize = 256;
 
 /// How many notifications held back for gathering one finished run pays the reread of: a
 /// scanner that held back `n` waits for `n / REREAD_PER_RUN` runs to finish (or for the
@@ -63,7 +68,66 @@ struct Shared {
     sample: Mutex<Vec<Bytes>>,
     /// Weak notifications being gathered: when a scanner first saw each (ms).
     first_seen: Mutex<HashMap<(Bytes, Bytes), u64>>,
+    /// The notifications this process's runs are answering (see [`Running`]).
+    running: Mutex<HashMap<(Bytes, Bytes), Running>>,
+    /// Runs that ended after a scanner found their notification newer than the run's: the
+    /// newer one still waits (see [`Shared::news`]).
+    refound: AtomicU64,
     handle: Handle,
+}
+
+/// A notification a run of this process is answering: the newest notify cell it was
+/// dispatched for, and whether a scanner has since found a newer one.
+struct Running {
+    ts: Ts,
+    newer: bool,
+}
+
+impl Shared {
+    /// Whether a run here answers the notification `key` (found with its newest cell at
+    /// `ts`); if so, and `ts` is newer than the run's, it is read again when the run ends.
+    fn refind(&self, key: &(Bytes, Bytes), ts: Ts) -> bool {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        match running.get_mut(key) {
+            Some(run) => {
+                run.newer |= ts > run.ts;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Notes a run about to answer `key` up to `ts`; false if one already does (another
+    /// scanner dispatched it since [`Self::refind`]).
+    fn start_running(&self, key: &(Bytes, Bytes), ts: Ts) -> bool {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        match running.entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Running { ts, newer: false });
+                true
+            }
+        }
+    }
+
+    /// The run answering `key` ended: news, if a newer notification was found meanwhile.
+    fn end_running(&self, key: &(Bytes, Bytes)) {
+        let run = self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        if run.is_some_and(|r| r.newer) {
+            self.refound.fetch_add(1, Ordering::SeqCst);
+            self.wake.notify_waiters();
+        }
+    }
+
+    /// A count that grows whenever a notification may be pending that a scanner's last read
+    /// did not find, or found but could not dispatch: a run here committed notifications, or
+    /// a run ended whose notification was found newer while it ran. A scanner that found
+    /// only work in flight reads again when it grows (or when kicked, for the loader's
+    /// writes, or after `idle_ms`, for other processes'), not in a loop that finds the same
+    /// runs in flight (~700 reads of the notify family an update did).
+    fn news(&self) -> u64 {
+        self.engine.notifying_commits.load(Ordering::SeqCst) + self.refound.load(Ordering::SeqCst)
+    }
 }
 
 pub struct Workers {
@@ -83,6 +147,8 @@ impl Workers {
             positions: Mutex::new(vec![Bytes::new(); config.scanners]),
             sample: Mutex::new(Vec::new()),
             first_seen: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            refound: AtomicU64::new(0),
             stop: CancellationToken::new(),
             wake: tokio::sync::Notify::new(),
             handle: handle.clone(),
@@ -185,8 +251,12 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     let config = engine.config().clone();
     let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_add(me as u64));
     let mut pos = random_start(&shared, &mut rng);
+    // Where this round began: a round that began part-way reads on from the first row when
+    // it reaches the end, before it pauses.
+    let mut round_from = pos.clone();
     let mut found_since_wrap = false;
-    let mut dispatched_since_wrap = false;
+    // What the news count was when this round began: more since means read again at once.
+    let mut news_at = shared.news();
     // The earliest moment a notification held back this round is due.
     let mut due: Option<u64> = None;
     // How many notifications this round held back.
@@ -223,6 +293,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             if behind || crowded {
                 last_dispatched = 0;
                 pos = random_start(&shared, &mut rng);
+                round_from = pos.clone();
                 continue;
             }
             {
@@ -241,6 +312,10 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
         refused_before = engine.lease_refused.load(Ordering::Relaxed);
         last_dispatched = 0;
         for p in batch {
+            let key = (p.row.clone(), p.column.clone());
+            if shared.refind(&key, p.ts) {
+                continue;
+            }
             let reg = engine.registration(&p.column);
             let weak = reg.is_some_and(|r| r.kind == NotifyKind::Weak);
             let stage = reg.map_or(usize::MAX, |r| r.stage);
@@ -249,7 +324,6 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             if config.gather_ms > 0 && weak {
                 let now = engine.client().clock().now_ms();
                 let mut seen = shared.first_seen.lock().unwrap_or_else(|e| e.into_inner());
-                let key = (p.row.clone(), p.column.clone());
                 let first = *seen.entry(key.clone()).or_insert(now);
                 let busy = engine.in_flight.load(Ordering::SeqCst) >= busy_runs;
                 let window = if upstream < stage { UPSTREAM_WINDOWS } else { 1 } * config.gather_ms;
@@ -261,17 +335,24 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 }
                 seen.remove(&key);
             }
-            dispatched_since_wrap = true;
+            if !shared.start_running(&key, p.ts) {
+                continue;
+            }
             last_dispatched += 1;
-            let Ok(permit) = shared.permits.clone().acquire_owned().await else { return };
+            let Ok(permit) = shared.permits.clone().acquire_owned().await else {
+                shared.end_running(&key);
+                return;
+            };
             engine.begin_tracked();
-            let engine = engine.clone();
-            shared.handle.spawn(async move {
+            let shared = shared.clone();
+            shared.handle.clone().spawn(async move {
+                let engine = &shared.engine;
                 if let Err(e) = engine.process_tracked(&p).await {
                     if engine.fatal().is_none() {
                         tracing::warn!(error = %e, row = %p.row.escape_ascii(), "notification processing failed");
                     }
                 }
+                shared.end_running(&key);
                 drop(permit);
             });
         }
@@ -280,30 +361,32 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             None => {
                 // Wrapped around. After a whole round with nothing found, idle until woken.
                 pos = Bytes::new();
+                if !std::mem::take(&mut round_from).is_empty() {
+                    continue;
+                }
                 let now = engine.client().clock().now_ms();
                 let until_due = due.map(|d| d.saturating_sub(now).max(1));
                 empty_rounds = if found_since_wrap { 0 } else { empty_rounds.saturating_add(1) };
                 let idle = idle_pause(config.idle_ms, config.idle_max_ms, empty_rounds);
                 let pause = match (found_since_wrap, until_due) {
-                    (false, _) => Some(idle),
+                    (false, _) => idle,
                     // Some of what was found is being gathered: look again when the first is
                     // due, or earlier once enough runs finished to pay for reading it again.
-                    (true, Some(until_due)) => Some(until_due),
-                    (true, None) if dispatched_since_wrap => None,
-                    (true, None) => Some(config.idle_ms),
+                    (true, Some(until_due)) => until_due,
+                    // All of it is running, here or elsewhere: look again when news comes.
+                    (true, None) => config.idle_ms,
                 };
-                if let Some(ms) = pause {
-                    pause_round(&shared, ms, busy_runs, held / REREAD_PER_RUN).await;
-                }
+                let gathered = (held > 0).then_some(held / REREAD_PER_RUN);
+                pause_round(&shared, pause, busy_runs, gathered, news_at).await;
+                news_at = shared.news();
                 // Forget notifications no longer seen (another worker ran them).
                 let horizon = 10 * config.gather_ms.max(1);
-                shared
-                    .first_seen
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .retain(|_, first| now.saturating_sub(*first) < horizon);
+                forget_seen(
+                    &mut shared.first_seen.lock().unwrap_or_else(|e| e.into_inner()),
+                    now,
+                    horizon,
+                );
                 found_since_wrap = false;
-                dispatched_since_wrap = false;
                 due = None;
                 held = 0;
                 upstream_last = std::mem::replace(&mut upstream_now, usize::MAX);
@@ -312,14 +395,34 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     }
 }
 
-/// Waits `ms` between two rounds of a scanner, or less: until stopped, kicked, nothing runs
-/// any more, or a run finishes while fewer than `busy_runs` are in flight after at least
+/// Forgets the notifications first seen `horizon` ms or longer before `now`, and gives back
+/// the table's memory once it is mostly empty. A bulk load leaves the table sized for its
+/// thousands of gathered notifications, and every round walks the whole table: left at that
+/// size, the walk cost an update at 100k pages ~11 ms of CPU, against ~3 at 1k
+/// (docs/benchmarks.md, session 18).
+fn forget_seen(seen: &mut HashMap<(Bytes, Bytes), u64>, now: u64, horizon: u64) {
+    seen.retain(|_, first| now.saturating_sub(*first) < horizon);
+    if seen.capacity() > 4 * seen.len().max(SEEN_KEPT) {
+        seen.shrink_to(2 * seen.len().max(SEEN_KEPT));
+    }
+}
+
+/// Waits `ms` between two rounds of a scanner, or less: until stopped, kicked, there is news
+/// since `news_at` ([`Shared::news`]: notifications this round may not have found), nothing
+/// runs any more, or, when the round held notifications back for gathering (`gathered` =
+/// `Some(runs)`), a run finishes while fewer than `busy_runs` are in flight after at least
 /// `runs` finished during the pause (the workers may be turning idle, and gathered
 /// notifications then run at once). A run finishing while the workers are busy does not end
 /// the pause: under load that happens hundreds of times a second; nor one of the first
 /// `runs`, which pay for rereading what the last round held back (before, a round every run
 /// read the backlog of weak notifications again: ~750 notify cells a page).
-async fn pause_round(shared: &Shared, ms: u64, busy_runs: usize, runs: u64) {
+async fn pause_round(
+    shared: &Shared,
+    ms: u64,
+    busy_runs: usize,
+    gathered: Option<u64>,
+    news_at: u64,
+) {
     let engine = &shared.engine;
     let clock = engine.client().clock();
     let until = clock.now_ms() + ms;
@@ -333,16 +436,21 @@ async fn pause_round(shared: &Shared, ms: u64, busy_runs: usize, runs: u64) {
         if now >= until {
             return;
         }
+        // Registered before the news is read: news that comes after the read wakes them.
         let woken = shared.wake.notified();
         let progress = engine.progress.notified();
+        if shared.news() != news_at {
+            return;
+        }
         tokio::select! {
             _ = shared.stop.cancelled() => return,
             _ = woken => return,
             _ = progress => {
                 let (done, in_flight) = finished();
-                if in_flight == 0
-                    || (in_flight < busy_runs && done.saturating_sub(finished_before) >= runs)
-                {
+                let gathered_due = gathered.is_some_and(|runs| {
+                    in_flight < busy_runs && done.saturating_sub(finished_before) >= runs
+                });
+                if in_flight == 0 || gathered_due {
                     return;
                 }
             }
@@ -424,5 +532,28 @@ mod tests {
         assert_eq!(idle_pause(20, 1000, u32::MAX), 1000);
         // A cap below idle_ms is idle_ms.
         assert_eq!(idle_pause(50, 10, 3), 50);
+    }
+
+    #[test]
+    fn forgetting_old_notifications_gives_back_the_room_a_bulk_load_took() {
+        let key = |i: u32| (Bytes::from(format!("p:{i}")), Bytes::from_static(b"indeg:dirty"));
+        let mut seen: HashMap<(Bytes, Bytes), u64> = HashMap::new();
+        // A bulk load: 100,000 seen at ms 0..1000; then 10 seen at 5000.
+        for i in 0..100_000 {
+            seen.insert(key(i), u64::from(i % 1000));
+        }
+        for i in 0..10 {
+            seen.insert(key(1_000_000 + i), 5000);
+        }
+        // At 5,500 with a horizon of 1,000, the load's are forgotten and the last 10 kept.
+        forget_seen(&mut seen, 5500, 1000);
+        assert_eq!(seen.len(), 10);
+        assert!((0..10).all(|i| seen.contains_key(&key(1_000_000 + i))));
+        assert!(seen.capacity() <= 4 * SEEN_KEPT, "capacity {}", seen.capacity());
+        // A table that is in use keeps its room: nothing to give back.
+        let mut busy: HashMap<(Bytes, Bytes), u64> = (0..1000).map(|i| (key(i), 5000)).collect();
+        let room = busy.capacity();
+        forget_seen(&mut busy, 5500, 1000);
+        assert_eq!((busy.len(), busy.capacity()), (1000, room));
     }
 }

@@ -992,3 +992,109 @@ fn idle_scanners_back_off() {
         workers.shutdown().await;
     });
 }
+
+/// Copies `v` to `w`; on a gated row, first waits for the test to open the gate. Each run
+/// says when it starts.
+struct Gated {
+    gates: std::collections::HashMap<&'static str, Arc<tokio::sync::Semaphore>>,
+    started: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait]
+impl Observer for Gated {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        self.started.add_permits(1);
+        let name = std::str::from_utf8(row).unwrap();
+        if let Some(gate) = self.gates.get(name) {
+            gate.acquire().await.unwrap().forget();
+        }
+        let v = text(txn.get(row, column).await?);
+        txn.set(row.clone(), "w", v);
+        Ok(())
+    }
+}
+
+/// While runs are in flight and nothing else happens, the scanners do not read the notify
+/// family again and again (they did: ~700 reads an update of one page at 1k pages, finding
+/// the same runs in flight). What they skip is not lost: a notification renewed while its run
+/// was in flight runs again when that run ends, and notifications that runs commit are read
+/// at once, not after `idle_ms` (a minute here, which the test's bound would not wait for).
+#[test]
+fn scanners_wait_for_news_while_runs_are_in_flight_and_lose_nothing() {
+    let rt = rt();
+    rt.block_on(async {
+        let gate = |_| Arc::new(tokio::sync::Semaphore::new(0));
+        let (gate_a, gate_b) = (gate(()), gate(()));
+        let started = Arc::new(tokio::sync::Semaphore::new(0));
+        let gated = Arc::new(Gated {
+            gates: [("a", gate_a.clone()), ("b", gate_b.clone())].into_iter().collect(),
+            started: started.clone(),
+        });
+        let mut reg = Registry::new();
+        reg.register("G", "v", NotifyKind::Strong, gated).unwrap();
+        // A chain behind an ungated row: its notifications come from runs' commits.
+        reg.register("A", "a", NotifyKind::Strong, stage("A", "b")).unwrap();
+        reg.register("B", "b", NotifyKind::Strong, stage("B", "c")).unwrap();
+        let counted = Arc::new(perc_store::Counted::new(MemStore::new(perc_notify::schema())));
+        let env = Env::new(counted.clone(), reg, false).await;
+        let notify_scans = || counted.scans_of(perc_txn::actions::NOTIFY.name);
+        env.write("a", "v", "1").await;
+        env.write("b", "v", "1").await;
+        let config = NotifyConfig {
+            scanners: 2,
+            concurrency: 4,
+            idle_ms: 60_000,
+            idle_max_ms: 60_000,
+            gc_interval_ms: 0,
+            ..NotifyConfig::default()
+        };
+        let engine = Arc::new(env.engine(config).await);
+        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        let bound = std::time::Duration::from_secs(20);
+        tokio::time::timeout(bound, async {
+            // Both gated runs in flight.
+            started.acquire_many(2).await.unwrap().forget();
+
+            // A quarter of a second in which nothing happens: at most a read or two each.
+            let before = notify_scans();
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            let scans = notify_scans() - before;
+            assert!(scans <= 4, "{scans} reads of the notify family while two runs were in flight");
+
+            // Work that runs' commits make is found at once, though b's run is in flight.
+            env.write("c", "a", "x").await;
+            workers.kick();
+            while env.read("c", "c").await.as_deref() != Some("x|A|B") {
+                tokio::task::yield_now().await;
+            }
+
+            // a's notification renewed while its run is in flight (and found so: the kick
+            // makes the scanners read it again); its run ends, committing no notification,
+            // while b's is still in flight: the renewed one runs anyway.
+            env.write("a", "v", "2").await;
+            let read_before = notify_scans();
+            workers.kick();
+            while notify_scans() < read_before + 1 {
+                tokio::task::yield_now().await;
+            }
+            gate_a.add_permits(2);
+            while env.read("a", "w").await.as_deref() != Some("2") {
+                tokio::task::yield_now().await;
+            }
+            gate_b.add_permits(1);
+            workers.wait().await.unwrap();
+        })
+        .await
+        .expect("every notification ran without waiting out idle_ms");
+        assert_eq!(env.read("b", "w").await.as_deref(), Some("1"));
+        let runs: u64 = engine.stats().iter().map(|s| s.runs).sum();
+        // G: a twice and b once; A and B once each.
+        assert_eq!(runs, 5);
+        workers.shutdown().await;
+    });
+}

@@ -483,6 +483,14 @@ impl Transaction {
         self.writes.is_empty() && self.weak.is_empty() && self.weak_if.is_empty()
     }
 
+    /// Whether committing sets a notification: a weak one is buffered (set or not, for a
+    /// conditional one), or a write goes to a column an observer watches.
+    pub fn notifies(&self) -> bool {
+        !self.weak.is_empty()
+            || !self.weak_if.is_empty()
+            || self.writes.keys().any(|(_, column)| self.client.inner.watch.watches(column))
+    }
+
     /// An unconditional mutation outside the transaction, applied only if it commits, after
     /// the commit point, in the batched call that commits the secondaries (no call of its
     /// own). For bookkeeping whose loss in a crash is harmless, such as clearing the
