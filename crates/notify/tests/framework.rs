@@ -730,6 +730,89 @@ fn settled_notifications_are_cleared_together() {
     });
 }
 
+/// A store whose first batch of notify-cell deletes after it is armed says so and waits
+/// for the test to open a gate.
+struct HoldsClears {
+    inner: MemStore,
+    armed: std::sync::atomic::AtomicBool,
+    entered: tokio::sync::Semaphore,
+    gate: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl Store for HoldsClears {
+    fn schema(&self) -> &perc_store::Schema {
+        self.inner.schema()
+    }
+    async fn read_row(
+        &self,
+        row: &[u8],
+        reads: &[perc_store::ColumnRead],
+    ) -> perc_store::Result<Vec<Vec<perc_store::Cell>>> {
+        self.inner.read_row(row, reads).await
+    }
+    async fn check_and_mutate(
+        &self,
+        row: &[u8],
+        conditions: &[perc_store::Condition],
+        mutations: &[perc_store::Mutation],
+    ) -> perc_store::Result<bool> {
+        self.inner.check_and_mutate(row, conditions, mutations).await
+    }
+    async fn mutate_rows(&self, rows: &[perc_store::RowMutation]) -> perc_store::Result<()> {
+        let clears = rows.iter().flat_map(|r| &r.mutations).any(|m| {
+            matches!(m, perc_store::Mutation::Delete { column, .. } if column.family == "notify")
+        });
+        if clears && self.armed.swap(false, Ordering::SeqCst) {
+            self.entered.add_permits(1);
+            self.gate.acquire().await.unwrap().forget();
+        }
+        self.inner.mutate_rows(rows).await
+    }
+    async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<perc_store::ScanCell>> {
+        self.inner.scan(scan).await
+    }
+    async fn sync(&self) -> perc_store::Result<()> {
+        self.inner.sync().await
+    }
+}
+
+/// A flush of the deferred clears that finds them taken by another flush waits for that
+/// one's delete: a quiescence check then never sees a settled notification still there
+/// (it used to, and waited `idle_ms` for a run that never came).
+#[test]
+fn a_flush_waits_for_the_clears_another_flush_is_making() {
+    rt().block_on(async {
+        let mut reg = Registry::new();
+        reg.register("G", "v", NotifyKind::Strong, Arc::new(WritesOnGo)).unwrap();
+        let store = Arc::new(HoldsClears {
+            inner: MemStore::new(perc_notify::schema()),
+            armed: std::sync::atomic::AtomicBool::new(false),
+            entered: tokio::sync::Semaphore::new(0),
+            gate: tokio::sync::Semaphore::new(0),
+        });
+        let env = Env::new(store.clone(), reg, false).await;
+        env.write("r", "v", "wait").await;
+        let engine = Arc::new(env.engine(NotifyConfig::default()).await);
+        store.armed.store(true, Ordering::SeqCst);
+        // The step runs the notification (idle) and flushes its clear: held at the store.
+        let step = tokio::spawn({
+            let engine = engine.clone();
+            async move { engine.step().await.unwrap().ran }
+        });
+        store.entered.acquire().await.unwrap().forget();
+        let mut check = tokio::spawn({
+            let engine = engine.clone();
+            async move { engine.has_pending().await.unwrap() }
+        });
+        let early = tokio::time::timeout(std::time::Duration::from_millis(200), &mut check).await;
+        assert!(early.is_err(), "the check returned {early:?} while the clear was being made");
+        store.gate.add_permits(1);
+        assert_eq!(step.await.unwrap(), 1);
+        assert!(!check.await.unwrap(), "the settled notification was still pending");
+    });
+}
+
 #[test]
 fn a_run_that_writes_nothing_commits_nothing_and_a_commit_clears_its_notification() {
     rt().block_on(async {
