@@ -1,7 +1,10 @@
 //! Scanners and workers: the framework running on its own, on a runtime handed in.
 //!
 //! Each scanner walks the notify family from a random start, wrapping around, and hands every
-//! pending notification to a worker task; a semaphore bounds the runs in flight. Scanners
+//! pending notification to a worker task; a semaphore bounds the runs in flight. What a run
+//! of this process is answering is skipped, and after a round a scanner waits for news (a
+//! run committed notifications, a renewed notification's run ended, a kick) or `idle_ms`,
+//! rather than reading again at once the runs still in flight. Scanners
 //! publish where they are, and one that finds another scanner's position inside the batch it
 //! just read (right behind it, about to redo its work) jumps to a new random place: the
 //! paper's fix for scanners bunching up like buses. Random starts are drawn from rows where
