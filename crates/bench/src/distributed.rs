@@ -14,10 +14,7 @@ use perc_crawl::warc::Recorded;
 use perc_notify::Workers;
 use perc_oracle::{ClientConfig, LocalOracle, Oracle, RemoteOracle};
 use perc_pipeline::{Backend, Config, Pipeline};
-use perc_store::{
-    Cell, ColumnRead, Condition, Counted, MemStore, Mutation, RowMutation, RowRead, Scan, ScanCell,
-    Schema, Store,
-};
+use perc_store::{Call, Counted, Hook, Hooked, MemStore, Schema, Store};
 
 use crate::table::{rate, scaled, Table};
 
@@ -133,58 +130,16 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     Ok(())
 }
 
-/// A store that stops answering, for ever, once frozen: what a worker killed with SIGKILL
+/// Makes a store stop answering, for ever, once frozen: what a worker killed with SIGKILL
 /// looks like to the table (no release, no deregistration, no more heartbeats).
-struct Frozen {
-    inner: Arc<dyn Store>,
-    frozen: AtomicBool,
-}
-
-impl Frozen {
-    async fn gate(&self) {
-        if self.frozen.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-    }
-}
+struct Freeze(AtomicBool);
 
 #[async_trait::async_trait]
-impl Store for Frozen {
-    fn schema(&self) -> &Schema {
-        self.inner.schema()
-    }
-    async fn read_row(
-        &self,
-        row: &[u8],
-        reads: &[ColumnRead],
-    ) -> perc_store::Result<Vec<Vec<Cell>>> {
-        self.gate().await;
-        self.inner.read_row(row, reads).await
-    }
-    async fn read_rows(&self, rows: &[RowRead]) -> perc_store::Result<Vec<Vec<Vec<Cell>>>> {
-        self.gate().await;
-        self.inner.read_rows(rows).await
-    }
-    async fn check_and_mutate(
-        &self,
-        row: &[u8],
-        conditions: &[Condition],
-        mutations: &[Mutation],
-    ) -> perc_store::Result<bool> {
-        self.gate().await;
-        self.inner.check_and_mutate(row, conditions, mutations).await
-    }
-    async fn mutate_rows(&self, rows: &[RowMutation]) -> perc_store::Result<()> {
-        self.gate().await;
-        self.inner.mutate_rows(rows).await
-    }
-    async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<ScanCell>> {
-        self.gate().await;
-        self.inner.scan(scan).await
-    }
-    async fn sync(&self) -> perc_store::Result<()> {
-        self.gate().await;
-        self.inner.sync().await
+impl Hook for Freeze {
+    async fn before(&self, _call: Call<'_>) {
+        if self.0.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
@@ -196,7 +151,7 @@ async fn takeover_on_emulator(t: &mut Table, scale: f64) -> Result<()> {
     let addr = oracle_server().await?;
     let table = BigtableConfig::emulator(emulator.addr(), "takeover");
     let bt: Arc<dyn Store> = Arc::new(BigtableStore::open(&table, perc_notify::schema()).await?);
-    let frozen = Arc::new(Frozen { inner: bt.clone(), frozen: AtomicBool::new(false) });
+    let frozen = Arc::new(Hooked::new(bt.clone(), Freeze(AtomicBool::new(false))));
     let mut config = Config::defaults();
     config.store.backend = Backend::Bigtable;
     config.workers.gc_interval_ms = 0;
@@ -223,7 +178,7 @@ async fn takeover_on_emulator(t: &mut Table, scale: f64) -> Result<()> {
         anyhow::ensure!(Instant::now() < deadline, "the doomed worker never got going");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    frozen.frozen.store(true, Ordering::SeqCst);
+    frozen.hook().0.store(true, Ordering::SeqCst);
     let stopped = Instant::now();
     let mut first_takeover = None;
     {

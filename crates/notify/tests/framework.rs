@@ -11,7 +11,7 @@ use perc_notify::{
     RunOutcome, Workers,
 };
 use perc_oracle::{LocalOracle, Oracle};
-use perc_store::{MemStore, Scan, SledOptions, SledStore, Store, Ts};
+use perc_store::{Call, Hook, Hooked, MemStore, Scan, SledOptions, SledStore, Store, Ts};
 use perc_txn::gc;
 use perc_txn::{Client, Clock, CommitStep, ManualClock, SystemClock, Transaction, TxnConfig};
 
@@ -730,36 +730,18 @@ fn settled_notifications_are_cleared_together() {
     });
 }
 
-/// A store whose first batch of notify-cell deletes after it is armed says so and waits
-/// for the test to open a gate.
+/// Holds the first batch of notify-cell deletes after it is armed: says so, and waits for
+/// the test to open the gate.
 struct HoldsClears {
-    inner: MemStore,
     armed: std::sync::atomic::AtomicBool,
     entered: tokio::sync::Semaphore,
     gate: tokio::sync::Semaphore,
 }
 
 #[async_trait]
-impl Store for HoldsClears {
-    fn schema(&self) -> &perc_store::Schema {
-        self.inner.schema()
-    }
-    async fn read_row(
-        &self,
-        row: &[u8],
-        reads: &[perc_store::ColumnRead],
-    ) -> perc_store::Result<Vec<Vec<perc_store::Cell>>> {
-        self.inner.read_row(row, reads).await
-    }
-    async fn check_and_mutate(
-        &self,
-        row: &[u8],
-        conditions: &[perc_store::Condition],
-        mutations: &[perc_store::Mutation],
-    ) -> perc_store::Result<bool> {
-        self.inner.check_and_mutate(row, conditions, mutations).await
-    }
-    async fn mutate_rows(&self, rows: &[perc_store::RowMutation]) -> perc_store::Result<()> {
+impl Hook for HoldsClears {
+    async fn before(&self, call: Call<'_>) {
+        let Call::MutateRows(rows) = call else { return };
         let clears = rows.iter().flat_map(|r| &r.mutations).any(|m| {
             matches!(m, perc_store::Mutation::Delete { column, .. } if column.family == "notify")
         });
@@ -767,13 +749,6 @@ impl Store for HoldsClears {
             self.entered.add_permits(1);
             self.gate.acquire().await.unwrap().forget();
         }
-        self.inner.mutate_rows(rows).await
-    }
-    async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<perc_store::ScanCell>> {
-        self.inner.scan(scan).await
-    }
-    async fn sync(&self) -> perc_store::Result<()> {
-        self.inner.sync().await
     }
 }
 
@@ -785,29 +760,30 @@ fn a_flush_waits_for_the_clears_another_flush_is_making() {
     rt().block_on(async {
         let mut reg = Registry::new();
         reg.register("G", "v", NotifyKind::Strong, Arc::new(WritesOnGo)).unwrap();
-        let store = Arc::new(HoldsClears {
-            inner: MemStore::new(perc_notify::schema()),
+        let holds = HoldsClears {
             armed: std::sync::atomic::AtomicBool::new(false),
             entered: tokio::sync::Semaphore::new(0),
             gate: tokio::sync::Semaphore::new(0),
-        });
+        };
+        let store = Arc::new(Hooked::new(MemStore::new(perc_notify::schema()), holds));
+        let holds = store.hook();
         let env = Env::new(store.clone(), reg, false).await;
         env.write("r", "v", "wait").await;
         let engine = Arc::new(env.engine(NotifyConfig::default()).await);
-        store.armed.store(true, Ordering::SeqCst);
+        holds.armed.store(true, Ordering::SeqCst);
         // The step runs the notification (idle) and flushes its clear: held at the store.
         let step = tokio::spawn({
             let engine = engine.clone();
             async move { engine.step().await.unwrap().ran }
         });
-        store.entered.acquire().await.unwrap().forget();
+        holds.entered.acquire().await.unwrap().forget();
         let mut check = tokio::spawn({
             let engine = engine.clone();
             async move { engine.has_pending().await.unwrap() }
         });
         let early = tokio::time::timeout(std::time::Duration::from_millis(200), &mut check).await;
         assert!(early.is_err(), "the check returned {early:?} while the clear was being made");
-        store.gate.add_permits(1);
+        holds.gate.add_permits(1);
         assert_eq!(step.await.unwrap(), 1);
         assert!(!check.await.unwrap(), "the settled notification was still pending");
     });

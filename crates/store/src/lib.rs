@@ -28,6 +28,7 @@
 
 pub mod coalesce;
 pub mod counted;
+pub mod hooked;
 pub mod keycode;
 pub mod mem;
 mod row;
@@ -43,6 +44,7 @@ pub use bytes::Bytes;
 
 pub use coalesce::Coalesced;
 pub use counted::{Counted, OpCounts};
+pub use hooked::{Call, Hook, Hooked};
 pub use mem::MemStore;
 pub use sled_backend::{ColumnUsage, SledOptions, SledStore, TreeUsage, Usage};
 

@@ -80,12 +80,12 @@ async fn concurrent_writes(lanes: usize) {
     use std::sync::Arc;
 
     use perc_store::{
-        conformance, Coalesced, Column, ColumnRead, Counted, MemStore, Mutation, RowMutation,
-        Store, Ts, TsRange,
+        conformance, Coalesced, Column, ColumnRead, Counted, Hooked, MemStore, Mutation,
+        RowMutation, Store, Ts, TsRange,
     };
 
     let counted = Arc::new(Counted::new(MemStore::new(conformance::schema())));
-    let store = Arc::new(Coalesced::with_lanes(Slow(counted.clone()), lanes));
+    let store = Arc::new(Coalesced::with_lanes(Hooked::new(counted.clone(), SlowWrites), lanes));
     let family = conformance::schema().families()[0].name;
     let col = Column::new(family, "c");
     let tasks: Vec<_> = (0..64u64)
@@ -126,44 +126,15 @@ async fn concurrent_writes(lanes: usize) {
     }
 }
 
-/// A store whose batched writes take a while, as a real one's do: callers arrive while every
-/// lane is busy.
-struct Slow<S>(S);
+/// Makes batched writes take a while, as a real store's do: callers arrive while every lane
+/// is busy.
+struct SlowWrites;
 
 #[async_trait::async_trait]
-impl<S: perc_store::Store> perc_store::Store for Slow<S> {
-    fn schema(&self) -> &perc_store::Schema {
-        self.0.schema()
-    }
-    async fn read_row(
-        &self,
-        row: &[u8],
-        reads: &[perc_store::ColumnRead],
-    ) -> perc_store::Result<Vec<Vec<perc_store::Cell>>> {
-        self.0.read_row(row, reads).await
-    }
-    async fn read_rows(
-        &self,
-        rows: &[perc_store::RowRead],
-    ) -> perc_store::Result<Vec<Vec<Vec<perc_store::Cell>>>> {
-        self.0.read_rows(rows).await
-    }
-    async fn check_and_mutate(
-        &self,
-        row: &[u8],
-        conditions: &[perc_store::Condition],
-        mutations: &[perc_store::Mutation],
-    ) -> perc_store::Result<bool> {
-        self.0.check_and_mutate(row, conditions, mutations).await
-    }
-    async fn mutate_rows(&self, rows: &[perc_store::RowMutation]) -> perc_store::Result<()> {
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        self.0.mutate_rows(rows).await
-    }
-    async fn scan(&self, scan: &perc_store::Scan) -> perc_store::Result<Vec<perc_store::ScanCell>> {
-        self.0.scan(scan).await
-    }
-    async fn sync(&self) -> perc_store::Result<()> {
-        self.0.sync().await
+impl perc_store::Hook for SlowWrites {
+    async fn before(&self, call: perc_store::Call<'_>) {
+        if let perc_store::Call::MutateRows(_) = call {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 }
