@@ -2,13 +2,15 @@
 //!
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes, by
 //!   parse when a member's declared canonical changes and by indegree when a member's
-//!   in-degree or names change).
+//!   names change, or its in-degree in a cluster of more than one).
 //! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `indeg:indeg`,
-//!   `page:canonical`, `indeg:names`, `fwd:names` (for [`forward`]) and `page:declared`, in
-//!   one call.
+//!   `page:canonical`, `indeg:names`, `fwd:names` (for [`forward`]), `page:declared` and
+//!   `cluster:alone`, in one call.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
 //!   canonical changed, with the member's `dedup:registered` written back unchanged (see
-//!   [`hold_membership`]). The canonical is the member with the most votes (each member's
+//!   [`hold_membership`]); and each member's `cluster:alone` ([`mark_alone`]: the cluster's
+//!   hash on the member of a cluster of one, absent on the members of a larger one). The
+//!   canonical is the member with the most votes (each member's
 //!   declared canonical is a vote for the member it names, by URL or alias; one naming no
 //!   member casts none), then the highest in-degree, then the shorter URL, then the
 //!   lexicographically smaller (SPEC §6.4).
@@ -35,6 +37,28 @@ use crate::model::{self, col, BlockEntry};
 use crate::{forward, near, IndexError};
 
 pub struct Cluster;
+
+/// Keeps each member's `cluster:alone` true: the cluster's hash on the member of a cluster of
+/// one, absent on every member of a larger one. It lets indegree skip telling a cluster of
+/// one that its member's in-degree changed, a run that could change nothing: the choice
+/// among one member does not depend on it (its names, which forwarding copies, still tell).
+///
+/// Why no change is missed: indegree skips only when the mark names the cluster its page is
+/// registered in, and writes the mark back unchanged. A member joining makes dedup tell the
+/// cluster, and that run, seeing two members, deletes the mark: it conflicts with any
+/// indegree run that overlaps it and skipped on the mark, and a run after it reads the new
+/// in-degree. (Runs of one cluster do not overlap: a notification's runs are leased.) A
+/// stale mark, from a cluster the page has since left, names another hash and is ignored.
+fn mark_alone(txn: &mut Transaction, members: &[String], marks: &[Option<&Bytes>], hash: &str) {
+    let alone = members.len() == 1;
+    for (m, mark) in members.iter().zip(marks) {
+        if alone && mark.map(|v| &v[..]) != Some(hash.as_bytes()) {
+            txn.set(model::page(m), Bytes::from_static(col::ALONE), hash.to_string());
+        } else if !alone && mark.is_some() {
+            txn.delete(model::page(m), Bytes::from_static(col::ALONE));
+        }
+    }
+}
 
 /// Writes back, unchanged, the registration of a member whose row this run writes
 /// (`dedup:registered` = the cluster's hash, as the membership row just read says): a write
@@ -80,6 +104,7 @@ impl Observer for Cluster {
                     (model::page(m), Bytes::from_static(col::NAMES)),
                     (model::page(m), Bytes::from_static(col::FWD_NAMES)),
                     (model::page(m), Bytes::from_static(col::DECLARED)),
+                    (model::page(m), Bytes::from_static(col::ALONE)),
                 ]
             })
             .chain([(row.clone(), Bytes::from_static(col::NEAR_REGISTERED))])
@@ -93,6 +118,8 @@ impl Observer for Cluster {
         let names: Vec<Option<Bytes>> = (0..members.len()).map(|i| cell(i, 2).cloned()).collect();
         let declared: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 4)).collect();
         let votes = votes(&members, &names, &declared)?;
+        let marks: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 5)).collect();
+        mark_alone(txn, &members, &marks, &hash);
         let best = (0..members.len())
             .min_by_key(|&i| (Reverse((votes[i], indeg(i))), members[i].len(), members[i].clone()))
             .expect("members is not empty");
@@ -190,8 +217,8 @@ async fn publish(
 }
 
 /// The cells read of each member, in this order: `indeg:indeg`, `page:canonical`,
-/// `indeg:names`, `fwd:names`, `page:declared`.
-const CELLS: usize = 5;
+/// `indeg:names`, `fwd:names`, `page:declared`, `cluster:alone`.
+const CELLS: usize = 6;
 
 /// Each member's votes: how many members declare, as their canonical, its URL or one of its
 /// aliases (`names`: each member's `indeg:names`; a member whose names are not written yet

@@ -36,8 +36,8 @@
 //! - Writes: `indeg:indeg` and `indeg:names` (the page and its aliases, sorted), each only if it
 //!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
 //! - Notifies: the page's cluster head (`cluster:dirty`, the cluster dedup registered it in;
-//!   see [`notify_downstream`] for why it rewrites that registration) and its export, weakly,
-//!   on a change.
+//!   see [`notify_downstream`] for why it rewrites that registration, and why a cluster of
+//!   one is told only of its names) and its export, weakly, on a change.
 //! - Queues: the URL for the search index ([`crate::search`]) when it folded changes (an
 //!   edge came or went: its inlinks' anchors changed even when its count did not).
 //! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
@@ -273,7 +273,7 @@ async fn as_page(
         .await?;
     let b = model::set_json_if_changed(txn, row, col::NAMES, &names).await?;
     if a || b {
-        notify_downstream(txn, row).await?;
+        notify_downstream(txn, row, b).await?;
     }
     Ok(())
 }
@@ -299,7 +299,7 @@ async fn as_alias(
             model::delete_if_present(txn, row, column).await?;
         }
         if changed {
-            notify_downstream(txn, row).await?;
+            notify_downstream(txn, row, true).await?;
         }
     }
     let end_name = end.clone().unwrap_or_default();
@@ -475,21 +475,40 @@ fn notify_direct_aliases(txn: &mut Transaction, sources: &[String]) -> usize {
     sources.len()
 }
 
-/// Tells the page's cluster and its export that its in-degree changed.
+/// Tells the page's cluster and its export that its in-degree or its names changed.
 ///
 /// The cluster is the one dedup has registered the page in (`dedup:registered`), and that
 /// cell is written back unchanged: a write skew otherwise. A concurrent dedup could move the
 /// page to another cluster after this snapshot, that cluster's run could read our names
 /// before we commit, and we would tell the old cluster. Writing the cell makes the two
 /// transactions conflict, so one of them retries and sees the other.
-async fn notify_downstream(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
-    let registered = txn.get(row, col::HASH_REGISTERED).await?.unwrap_or_default();
+///
+/// A cluster of one is not told of an in-degree alone: its choice cannot change. The page's
+/// `cluster:alone` says so when it names the registered cluster, and is written back
+/// unchanged too, so that a cluster run that finds a second member conflicts with this one
+/// (see `cluster::mark_alone`).
+async fn notify_downstream(
+    txn: &mut Transaction,
+    row: &Bytes,
+    names_changed: bool,
+) -> Result<(), ObserverError> {
+    let cells = [
+        (row.clone(), Bytes::from_static(col::HASH_REGISTERED)),
+        (row.clone(), Bytes::from_static(col::ALONE)),
+    ];
+    let [registered, alone]: [Option<Bytes>; 2] =
+        txn.get_many(&cells).await?.try_into().expect("two cells asked");
+    let registered = registered.unwrap_or_default();
     crate::cluster::hold_membership(txn, row, registered.clone());
     if !registered.is_empty() {
-        txn.notify(
-            model::cluster_head(&String::from_utf8_lossy(&registered)),
-            Bytes::from_static(col::CLUSTER_DIRTY),
-        );
+        if !names_changed && alone.as_ref() == Some(&registered) {
+            txn.set(row.clone(), Bytes::from_static(col::ALONE), registered);
+        } else {
+            txn.notify(
+                model::cluster_head(&String::from_utf8_lossy(&registered)),
+                Bytes::from_static(col::CLUSTER_DIRTY),
+            );
+        }
     }
     txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
     Ok(())

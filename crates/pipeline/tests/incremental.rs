@@ -608,6 +608,96 @@ fn canonical_of_a_page_a_duplicate_an_alias_and_an_unknown_url() {
     });
 }
 
+/// Counts the weak notifications of one cluster head (`cluster:dirty`) written to the store.
+#[derive(Default)]
+struct ToldCluster {
+    head: Mutex<Option<Bytes>>,
+    told: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl perc_store::Hook for ToldCluster {
+    async fn before(&self, call: perc_store::Call<'_>) {
+        let perc_store::Call::MutateRows(rows) = call else { return };
+        let Some(head) = self.head.lock().unwrap().clone() else { return };
+        let told = rows
+            .iter()
+            .filter(|r| r.row == head)
+            .flat_map(|r| &r.mutations)
+            .filter(|m| {
+                matches!(m, perc_store::Mutation::Put { column, .. }
+                if column.family == "notify" && &column.qualifier[..] == b"cluster:dirty")
+            })
+            .count();
+        self.told.fetch_add(told, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A cluster of one is not told that its page's in-degree changed (its choice cannot change),
+/// but is told of a new alias (forwarding copies its names); once a second member joins, an
+/// in-degree change is told again and decides the canonical.
+#[test]
+fn a_cluster_of_one_hears_of_names_not_in_degrees_and_of_both_once_it_grows() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let web = Web::default();
+        let store = Arc::new(perc_store::Hooked::new(
+            perc_store::MemStore::new(perc_notify::schema()),
+            ToldCluster::default(),
+        ));
+        let hook = store.hook();
+        let mut config = Config::defaults();
+        config.store.backend = Backend::Memory;
+        let h = Pipeline::builder(config)
+            .source(Arc::new(web.clone()))
+            .store(store.clone())
+            .clock(Arc::new(ManualClock::new(1_000_000)))
+            .open()
+            .await
+            .unwrap();
+        let body = "<title>x</title><p>the x page</p>".to_string();
+        let (x, y) = ("http://s.test/x", "http://s.test/y");
+        load(&h, x, html(body.clone())).await;
+        load(&h, "http://s.test/s1", html("<a href=/x>1</a>".into())).await;
+        load(&h, "http://s.test/s2", html("<p>no link yet</p>".into())).await;
+        load(&h, "http://s.test/s3", html("<a href=/y>3</a>".into())).await;
+        h.engine.run_until_quiet().await.unwrap();
+        let hash = {
+            let txn = h.client.begin().await.unwrap();
+            txn.get(b"p:http://s.test/x", b"page:hash").await.unwrap().expect("x is parsed")
+        };
+        *hook.head.lock().unwrap() = Some(Bytes::from([&b"c:"[..], &hash].concat()));
+        let told = || hook.told.swap(0, std::sync::atomic::Ordering::SeqCst);
+        let line = |url: &'static str| {
+            let client = h.client.clone();
+            async move {
+                perc_observers::export(&client).await.unwrap().into_iter().find(|l| l.url == url)
+            }
+        };
+
+        load(&h, "http://s.test/s2", html("<a href=/x>2</a>".into())).await;
+        h.engine.run_until_quiet().await.unwrap();
+        assert_eq!(line(x).await.expect("x exported").in_degree, 2);
+        assert_eq!(told(), 0, "a cluster of one is not told of an in-degree");
+
+        load(&h, "http://s.test/old-x", redirect(x)).await;
+        h.engine.run_until_quiet().await.unwrap();
+        assert!(told() > 0, "a new alias changes the names the canonical carries");
+
+        // y, with one inlink, joins x's cluster; x, with two, stays its canonical.
+        load(&h, y, html(body)).await;
+        h.engine.run_until_quiet().await.unwrap();
+        assert!(told() > 0, "a new member is told");
+        assert_eq!(line(y).await.expect("y exported").canonical, x);
+        // x loses its inlinks: the cluster, of two now, is told, and y becomes its canonical.
+        load(&h, "http://s.test/s1", html("<p>1</p>".into())).await;
+        load(&h, "http://s.test/s2", html("<p>2</p>".into())).await;
+        h.engine.run_until_quiet().await.unwrap();
+        assert!(told() > 0, "a cluster of two is told of an in-degree");
+        assert_eq!(line(x).await.expect("x exported").canonical, y);
+    });
+}
+
 /// The same property with real concurrency: background workers (several scanners, many runs
 /// in flight, on a multi-threaded runtime) process while the edits land.
 #[test]

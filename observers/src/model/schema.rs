@@ -11,6 +11,8 @@
 //!                          page:redirect  target ("" if none)           parse
 //!                          page:declared  declared canonical ("")       parse
 //!                          page:canonical                               cluster
+//!                          cluster:alone  the cluster's hash, if the    cluster
+//!                                       page is its only member
 //!                          indeg:indeg  in-degree                       indegree
 //!                          indeg:names  the page and its aliases        indegree
 //!                          fwd:names    the names whose inlinks the     forward (in
@@ -94,6 +96,7 @@ pub mod col {
     pub const DELTA: &[u8] = b"indeg:delta";
     pub const CLUSTER_DIRTY: &[u8] = b"cluster:dirty";
     pub const CLUSTER_CANONICAL: &[u8] = b"cluster:canonical";
+    pub const ALONE: &[u8] = b"cluster:alone";
     pub const NEAR_DIRTY: &[u8] = b"near:dirty";
     pub const NEAR_REGISTERED: &[u8] = b"near:registered";
     pub const NEAR_LIST: &[u8] = b"near:list";
