@@ -20,8 +20,10 @@
 //!   simhash, from its member rows, and its canonical, in the `near:block` cells of its four
 //!   blocks, and `near:registered`); when the entry changes, writes its `near:list` and tells
 //!   the clusters near it (see [`crate::near`] for why none is missed).
-//! - Notifies: export of every member whose canonical changed (weakly); `near:dirty` of
-//!   every cluster within 3 bits of its entry, old or new, when the entry changed.
+//! - Then [`export`] of every member whose canonical changed (their lines show it), in the
+//!   same transaction.
+//! - Notifies: `near:dirty` of every cluster within 3 bits of its entry, old or new, when
+//!   the entry changed.
 //! - Twice is harmless: the choice is a function of the current rows; only differences are
 //!   written.
 
@@ -34,7 +36,7 @@ use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
 use crate::model::{self, col, BlockEntry};
-use crate::{forward, near, IndexError};
+use crate::{export, forward, near, IndexError};
 
 pub struct Cluster;
 
@@ -132,13 +134,19 @@ impl Observer for Cluster {
             canonical: canonical.clone(),
         });
         publish(txn, row, &hash, entry, registered).await?;
+        let mut moved = Vec::new();
         for (i, m) in members.iter().enumerate() {
             if cell(i, 1).map(|c| &c[..]) != Some(canonical.as_bytes()) {
                 let member_row = model::page(m);
                 txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
                 hold_membership(txn, &member_row, hash.clone());
-                txn.notify(member_row, Bytes::from_static(col::EXPORT_DIRTY));
+                moved.push(member_row);
             }
+        }
+        // Their export lines show the canonical: made again here, read in one call.
+        txn.get_many(&export::cells(&moved)).await?;
+        for member_row in &moved {
+            export::run(txn, member_row).await?;
         }
         let forwarded: Vec<Option<Bytes>> =
             (0..members.len()).map(|i| cell(i, 3).cloned()).collect();

@@ -35,9 +35,10 @@
 //!   its `r:` rows (when its chain's stamp changed) in one call ([`Ranges`]).
 //! - Writes: `indeg:indeg` and `indeg:names` (the page and its aliases, sorted), each only if it
 //!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
-//! - Notifies: the page's cluster head (`cluster:dirty`, the cluster dedup registered it in;
-//!   see [`notify_downstream`] for why it rewrites that registration, and why a cluster of
-//!   one is told only of its names) and its export, weakly, on a change.
+//! - Notifies: the page's cluster head (`cluster:dirty`, weakly, the cluster dedup registered
+//!   it in; see [`notify_downstream`] for why it rewrites that registration, and why a
+//!   cluster of one is told only of its names) on a change, and makes the page's export line
+//!   again then ([`crate::export`], in this transaction).
 //! - Queues: the URL for the search index ([`crate::search`]) when it folded changes (an
 //!   edge came or went: its inlinks' anchors changed even when its count did not).
 //! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
@@ -475,7 +476,8 @@ fn notify_direct_aliases(txn: &mut Transaction, sources: &[String]) -> usize {
     sources.len()
 }
 
-/// Tells the page's cluster and its export that its in-degree or its names changed.
+/// Tells the page's cluster that its in-degree or its names changed, and makes its export
+/// line again ([`crate::export`], in this transaction).
 ///
 /// The cluster is the one dedup has registered the page in (`dedup:registered`), and that
 /// cell is written back unchanged: a write skew otherwise. A concurrent dedup could move the
@@ -510,8 +512,7 @@ async fn notify_downstream(
             );
         }
     }
-    txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
-    Ok(())
+    crate::export::run(txn, row).await
 }
 
 /// A URL's redirect chain, as one snapshot shows it.

@@ -1,19 +1,20 @@
 //! The indexing pipeline: eleven stages, each doing one job and writing what the next one
-//! watches (SPEC §6), and the loaders and queries around them. Seven are observers with a
-//! trigger column of their own; dedup, invert and alias run inside parse's transaction (they
-//! read only the page's own row, which parse has just written: one run per page, not four),
-//! and forward inside cluster's (it reads what cluster's choice read).
+//! watches (SPEC §6), and the loaders and queries around them. Six are observers with runs of
+//! their own; dedup, invert and alias run inside parse's transaction (they read only the
+//! page's own row, which parse has just written: one run per page, not four), forward inside
+//! cluster's (it reads what cluster's choice read), and export inside the transaction of
+//! whichever of parse, indegree and cluster changed what a page's line shows. (Export is
+//! registered as an observer too, for the notifications older versions left in a store.)
 //!
 //! ```text
-//!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► (+ dedup) ────────────┐
-//!     (replay writes crawl:raw directly)      one run:   ├─► (+ invert) ──────────┤ indeg:dirty
-//!                                                        ├─► (+ alias) ───────────┘   │
-//!                                                        └─► page:follow ─► discover  ▼
-//!                    export ◄─ cluster (+ forward) ◄────────────── cluster:dirty ◄─ indegree
+//!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► (+ export, dedup) ─────┐
+//!     (replay writes crawl:raw directly)      one run:   ├─► (+ invert) ───────────┤ indeg:dirty
+//!                                                        ├─► (+ alias) ────────────┘   │
+//!                                                        └─► page:follow ─► discover   ▼
+//!              cluster (+ forward, export) ◄────────────── cluster:dirty ◄─ indegree (+ export)
 //!                                 │ near:dirty of the clusters near one whose entry in the
 //!                                 ▼ band index changed (it wrote its own near:list)
 //!                               near (a near-duplicate's list)
-//!                        (every stage that changes what a page shows notifies export)
 //! ```
 //!
 //! Every derived value is recomputed from the rows it depends on whenever one of them changes,
@@ -70,6 +71,8 @@ pub fn registry_with(
     )?;
     r.register("cluster", col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
     r.register("near", col::NEAR_DIRTY, NotifyKind::Weak, Arc::new(near::Near))?;
+    // Nothing notifies export now (it runs in its inputs' writers' transactions); a store
+    // written by an earlier version may still hold its notifications.
     r.register("export", col::EXPORT_DIRTY, NotifyKind::Weak, Arc::new(export::Export))?;
     Ok(r)
 }

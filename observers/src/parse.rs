@@ -9,12 +9,12 @@
 //!   not), `page:hash` (content hash, "" unless a page),
 //!   `page:redirect` (the redirect target, "" if none), `page:declared` (the declared
 //!   canonical, "" if none).
-//! - Then, in the same transaction, the page-local stages that read what it wrote: [`dedup`]
-//!   (`page:hash`), [`invert`] (`page:links`) and [`alias`] (`page:redirect`); each has its
-//!   contract in its module, and each does nothing when its input did not change.
+//! - Then, in the same transaction, the page-local stages that read what it wrote: [`export`]
+//!   (`page:meta`), [`dedup`] (`page:hash`), [`invert`] (`page:links`) and [`alias`]
+//!   (`page:redirect`); each has its contract in its module, and each does nothing when its
+//!   input did not change.
 //! - Queues: a page for the search index ([`crate::search`]): its body is the record's.
-//! - Notifies: discover (`page:follow`); weakly, export when the meta changed, and the page's
-//!   own indegree when its redirect changed or it started or stopped being a page or a
+//! - Notifies: discover (`page:follow`); weakly, the page's own indegree when its redirect changed or it started or stopped being a page or a
 //!   redirect (indegree branches on both; alias only notifies the targets), its cluster when
 //!   its declared canonical changed; and what the three stages notify.
 //! - Twice is harmless: the same raw record gives the same values, and unchanged values are
@@ -34,7 +34,7 @@ use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
 use crate::model::{self, col, Follow, Meta};
-use crate::{alias, dedup, indegree, invert};
+use crate::{alias, dedup, export, indegree, invert};
 
 pub struct Parse;
 
@@ -113,7 +113,7 @@ impl Observer for Parse {
             txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
         }
         if model::set_json_if_changed(txn, row, col::META, &meta).await? {
-            txn.notify(row.clone(), Bytes::from_static(col::EXPORT_DIRTY));
+            export::run(txn, row).await?;
         }
         if meta.kind == "page" {
             // A search document's body is the record an indexer reads when it drains, and

@@ -698,6 +698,29 @@ fn a_cluster_of_one_hears_of_names_not_in_degrees_and_of_both_once_it_grows() {
     });
 }
 
+/// A store written by an earlier version may hold `export:dirty` notifications (export ran
+/// as an observer of its own then): they are still served, and make the line again.
+#[test]
+fn an_export_notification_left_by_an_earlier_version_still_makes_the_line() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let web = Web::default();
+        let h = harness(&web).await;
+        load(&h, "http://s.test/a", html("<title>a</title><a href=/b>b</a>".into())).await;
+        load(&h, "http://s.test/b", html("<title>b</title>".into())).await;
+        h.engine.run_until_quiet().await.unwrap();
+        let want = perc_observers::export(&h.client).await.unwrap();
+        let row = Bytes::from_static(b"p:http://s.test/b");
+        let mut txn = h.client.begin().await.unwrap();
+        txn.delete(row.clone(), Bytes::from_static(b"export:line"));
+        txn.notify(row, Bytes::from_static(b"export:dirty"));
+        txn.commit().await.unwrap();
+        assert_ne!(perc_observers::export(&h.client).await.unwrap(), want, "b's line is gone");
+        h.engine.run_until_quiet().await.unwrap();
+        assert_eq!(perc_observers::export(&h.client).await.unwrap(), want);
+    });
+}
+
 /// The same property with real concurrency: background workers (several scanners, many runs
 /// in flight, on a multi-threaded runtime) process while the edits land.
 #[test]

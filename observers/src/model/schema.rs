@@ -17,8 +17,9 @@
 //!                          indeg:names  the page and its aliases        indegree
 //!                          fwd:names    the names whose inlinks the     forward (in
 //!                                       canonical carries               cluster's run)
-//!                          export:line  the serving copy (JSON; its     export
-//!                                       inlinks are read from the e: rows of fwd:names)
+//!                          export:line  the serving copy (JSON; its     export (in the
+//!                                       inlinks are read from the e:    runs of parse,
+//!                                       rows of fwd:names)              indegree, cluster)
 //!                          dedup:registered, alias:done                 their stages' memory
 //!                          indeg:base   edges into this URL, counted    indegree
 //!                          indeg:extra  sources reaching it only        indegree
@@ -64,7 +65,7 @@
 //! whole, on every change of any of its inlinks (O(in-degree) per update). The export line
 //! holds the page's own fields, and readers join the canonical's inlinks from the `e:` rows
 //! of its `fwd:names` ([`inlinks`]). Hot
-//! rows (`indeg:dirty`, `cluster:dirty`, `export:dirty`) are only ever notified
+//! rows (`indeg:dirty`, `cluster:dirty`) are only ever notified
 //! weakly: many writers, no conflicts.
 
 use bytes::Bytes;
