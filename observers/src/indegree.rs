@@ -254,8 +254,16 @@ async fn as_page(
         None => {
             let base =
                 model::count_of(txn.get(row, col::BASE).await?)? + changes.values().sum::<i64>();
-            let extra = model::count_of(txn.get(row, col::EXTRA).await?)?
-                + refold_sources(txn, url, changes.keys()).await?;
+            let extra = model::count_of(txn.get(row, col::EXTRA).await?)?;
+            // A page with no alias in this snapshot has no source counting through one (an
+            // alias's run writes its `a:` row and its sources' `indeg:via` in one
+            // transaction), and with `indeg:extra` at 0 no flag of an earlier one is left to
+            // clear: most pages, whose run then reads no source's `x:` row or edge.
+            let extra = if aliases.is_empty() && extra == 0 {
+                0
+            } else {
+                extra + refold_sources(txn, url, changes.keys()).await?
+            };
             (base, extra)
         }
     };
