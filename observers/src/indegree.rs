@@ -15,8 +15,9 @@
 //! - **A page** (no redirect) reads its change rows `d:<url>\0<source>\0<ts>` (invert's ±1
 //!   per edge, or a 0 left by an alias as a mark to look at that source again; one row per
 //!   writing transaction, so each is written and deleted unchecked, and a run that folds any
-//!   writes `indeg:chain`, on which two runs folding the same rows conflict), and for each
-//!   source its `x:` row and whether the edge `e:<url>\0<source>` exists. It keeps
+//!   writes `indeg:chain`, on which two runs folding the same rows conflict), and, if it has
+//!   aliases or sources counted through them, for each source its `x:` row and whether the
+//!   edge `e:<url>\0<source>` exists. It keeps
 //!   `indeg:base` (edges into the URL itself) and `indeg:extra` (sources that reach it only
 //!   through aliases: `indeg:adds` set on their `x:` row); in-degree = base + extra. Its alias
 //!   set is the `a:<url>\0<alias>` rows.
