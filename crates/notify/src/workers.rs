@@ -186,7 +186,8 @@ impl Workers {
         let engine = &self.shared.engine;
         let mut quiet_looks = 0;
         loop {
-            let progress = engine.progress.notified();
+            // Registered before in_flight is read: the last run's end after the read wakes it.
+            let quiet = engine.quiet.notified();
             if let Some(e) = engine.fatal() {
                 return Err(e);
             }
@@ -218,7 +219,7 @@ impl Workers {
             let config = engine.config();
             let pause = idle_pause(config.idle_ms, config.idle_max_ms, quiet_looks);
             tokio::select! {
-                _ = progress => quiet_looks = 0,
+                _ = quiet => quiet_looks = 0,
                 _ = engine.client().clock().sleep_ms(pause) => quiet_looks += 1,
             }
         }
