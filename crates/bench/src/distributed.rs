@@ -112,19 +112,21 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     }
     let indexed = perc_observers::export(&loader).await?.len();
     let runs: u64 = engines.iter().flat_map(|e| e.stats()).map(|s| s.commits).sum();
+    let refused: u64 = engines.iter().map(|e| e.lease_refusals()).sum();
     let calls = (after.row_ops() - before.row_ops()) as f64 / indexed as f64;
     t.add(
         format!("replay on the emulator, {n} pages, {workers} worker(s)"),
         rate(n as u64, secs),
         format!(
             "{indexed} pages indexed; {calls:.1} store calls per page ({:.1} conditional \
-             mutations, {:.1} reads, {:.1} scans); {:.1} observer runs per page; the \
-             emulator used {emulator_cores:.2} cores",
+             mutations, {:.1} reads, {:.1} scans); {:.1} observer runs per page, {:.1} \
+             leases refused per page; the emulator used {emulator_cores:.2} cores",
             (after.check_and_mutate - before.check_and_mutate) as f64 / indexed as f64,
             (after.read_row + after.read_rows - before.read_row - before.read_rows) as f64
                 / indexed as f64,
             (after.scan - before.scan) as f64 / indexed as f64,
-            runs as f64 / indexed as f64
+            runs as f64 / indexed as f64,
+            refused as f64 / indexed as f64
         ),
     );
     Ok(())

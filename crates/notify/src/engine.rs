@@ -861,6 +861,12 @@ impl Engine {
         }
     }
 
+    /// Leases this process was refused: another scanner, of this process or another, held
+    /// the notification.
+    pub fn lease_refusals(&self) -> u64 {
+        self.lease_refused.load(Ordering::Relaxed)
+    }
+
     /// Leases this process took over from dead workers.
     pub fn lease_takeovers(&self) -> u64 {
         self.lease.takeovers()
