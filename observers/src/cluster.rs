@@ -49,8 +49,11 @@ pub struct Cluster;
 /// registered in, and writes the mark back unchanged. A member joining makes dedup tell the
 /// cluster, and that run, seeing two members, deletes the mark: it conflicts with any
 /// indegree run that overlaps it and skipped on the mark, and a run after it reads the new
-/// in-degree. (Runs of one cluster do not overlap: a notification's runs are leased.) A
-/// stale mark, from a cluster the page has since left, names another hash and is ignored.
+/// in-degree. (Two runs of one cluster do not overlap: the notification's lease keeps a
+/// second off, and a worker whose lease was taken over for missed heartbeats cannot commit.
+/// A run older than a member's joining that committed after the joiner's run found nothing
+/// to do would leave the mark stale, as it would leave stale forwarded names.) A stale mark,
+/// from a cluster the page has since left, names another hash and is ignored.
 fn mark_alone(txn: &mut Transaction, members: &[String], marks: &[Option<&Bytes>], hash: &str) {
     let alone = members.len() == 1;
     for (m, mark) in members.iter().zip(marks) {
