@@ -1,7 +1,13 @@
-//! Advisory leases that keep two workers off one notification at a time.
+//! Leases that keep two workers off one notification at a time.
 //!
-//! Advisory: correctness never depends on them (the ack column makes a second run commit
-//! nothing twice); they only save wasted runs. [`LocalLease`] serves one process (the
+//! Between two runs that both commit they only save work: both write the ack column, so of
+//! two that overlap one retries. A run that finds nothing to write commits nothing, not even
+//! its ack (see the engine), so it does not conflict with an older run of the same
+//! notification still in flight, which could commit after it what an older snapshot showed.
+//! The lease is what keeps that older run from overlapping, with the commit's refusal to
+//! proceed once its own heartbeat lapsed (a lease is taken over only from a worker whose
+//! heartbeat lapsed); a run that outlives its store lease's TTL (`lease_ttl_ms`, 30 s) with
+//! its heartbeat intact is the case left open. [`LocalLease`] serves one process (the
 //! embedded mode); [`StoreLease`] serves many processes sharing a store (distributed mode).
 //! A store lease is free when it expired, or when its holder is dead by the liveness
 //! registry (its heartbeat older than the liveness TTL, or gone): a killed worker's
