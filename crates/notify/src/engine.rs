@@ -118,6 +118,10 @@ enum Attempt {
     Idle,
     /// The observer ran and its transaction committed.
     Committed,
+    /// The observer ran, but its store lease had less than a quarter of its TTL left, so
+    /// another process may soon run the notification: nothing was committed, and the
+    /// notification waits for a later scan (see the lease module).
+    LeaseRunningOut,
 }
 
 #[derive(Default)]
@@ -451,10 +455,15 @@ impl Engine {
             return Ok(RunOutcome::Busy);
         };
         let counters = &self.counters[&reg.name];
+        let commit_by = _lease.commit_by_ms();
         let mut attempt = 0;
         loop {
             let started = Instant::now();
-            match self.run_once(reg, p, counters, clear, None).await {
+            match self.run_once(reg, p, counters, clear, None, commit_by).await {
+                Ok(Attempt::LeaseRunningOut) => {
+                    tracing::debug!(observer = %reg.name, row = %p.row.escape_ascii(), "lease running out: the run is left to a later scan");
+                    return Ok(RunOutcome::Busy);
+                }
                 Ok(done) => {
                     let ran = done != Attempt::Unchanged;
                     match done {
@@ -478,6 +487,7 @@ impl Engine {
                         Attempt::Unchanged => {
                             counters.skipped.fetch_add(1, Ordering::Relaxed);
                         }
+                        Attempt::LeaseRunningOut => unreachable!("returned above"),
                     }
                     if done != Attempt::Committed || clear == Clear::Deferred {
                         self.clear(p, clear).await?;
@@ -529,12 +539,13 @@ impl Engine {
             .get(&p.column)
             .ok_or_else(|| ObserverError::Failed("no observer watches this column".into()))?;
         let counters = &self.counters[&reg.name];
-        let attempt = self.run_once(reg, p, counters, Clear::Now, Some(step)).await?;
+        let attempt = self.run_once(reg, p, counters, Clear::Now, Some(step), None).await?;
         Ok(attempt != Attempt::Unchanged)
     }
 
     /// One attempt: whether the observer ran, and if so whether it committed (unless `crash`
-    /// stopped the commit) or had nothing to commit.
+    /// stopped the commit, or its lease was running out: past `commit_by` ms, see
+    /// [`crate::LeaseGuard::commit_by_ms`]) or had nothing to commit.
     async fn run_once(
         &self,
         reg: &Registration,
@@ -542,6 +553,7 @@ impl Engine {
         counters: &Counters,
         clear: Clear,
         crash: Option<CommitStep>,
+        commit_by: Option<u64>,
     ) -> Result<Attempt, ObserverError> {
         let mut txn = self.client.begin().await?;
         let ack_column = reg.ack_column();
@@ -582,6 +594,9 @@ impl Engine {
             }
             idle.insert((p.row.clone(), p.column.clone()), txn.start_ts());
             return Ok(Attempt::Idle);
+        }
+        if commit_by.is_some_and(|by| self.client.clock().now_ms() > by) {
+            return Ok(Attempt::LeaseRunningOut);
         }
         txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
         if clear == Clear::Now {

@@ -6,8 +6,9 @@
 //! notification still in flight, which could commit after it what an older snapshot showed.
 //! The lease is what keeps that older run from overlapping, with the commit's refusal to
 //! proceed once its own heartbeat lapsed (a lease is taken over only from a worker whose
-//! heartbeat lapsed); a run that outlives its store lease's TTL (`lease_ttl_ms`, 30 s) with
-//! its heartbeat intact is the case left open. [`LocalLease`] serves one process (the
+//! heartbeat lapsed), and the engine's refusal to commit a run whose store lease has less
+//! than a quarter of its TTL left ([`LeaseGuard::commit_by_ms`]): such a run leaves its
+//! notification to a later scan. [`LocalLease`] serves one process (the
 //! embedded mode); [`StoreLease`] serves many processes sharing a store (distributed mode).
 //! A store lease is free when it expired, or when its holder is dead by the liveness
 //! registry (its heartbeat older than the liveness TTL, or gone): a killed worker's
@@ -50,6 +51,17 @@ pub trait RowLease: Send + Sync + 'static {
 /// Releases its lease when dropped.
 pub struct LeaseGuard {
     release: Option<Box<dyn FnOnce() + Send>>,
+    /// See [`Self::commit_by_ms`].
+    commit_by_ms: Option<u64>,
+}
+
+impl LeaseGuard {
+    /// The last moment (wall-clock ms) a run under this lease may begin its commit: a quarter
+    /// of the TTL before the lease expires and another process may take it. `None` for a
+    /// lease that lasts until released.
+    pub fn commit_by_ms(&self) -> Option<u64> {
+        self.commit_by_ms
+    }
 }
 
 impl Drop for LeaseGuard {
@@ -79,6 +91,7 @@ impl RowLease for LocalLease {
             release: Some(Box::new(move || {
                 set.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
             })),
+            commit_by_ms: None,
         })
     }
 }
@@ -251,6 +264,7 @@ impl RowLease for StoreLease {
                     });
                 }
             })),
+            commit_by_ms: Some(expires.0 - self.ttl_ms / 4),
         })
     }
 

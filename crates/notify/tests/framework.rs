@@ -1157,3 +1157,81 @@ fn scanners_wait_for_news_while_runs_are_in_flight_and_lose_nothing() {
         workers.shutdown().await;
     });
 }
+
+/// Writes its row's `out`, moving the test's clock on by `slow_ms` during its first run.
+struct SlowOnce {
+    clock: Arc<ManualClock>,
+    slow_ms: u64,
+    runs: AtomicU64,
+}
+
+#[async_trait]
+impl Observer for SlowOnce {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.clock.advance_ms(self.slow_ms);
+        }
+        let v = text(txn.get(row, column).await?);
+        txn.set(row.clone(), "out", v);
+        Ok(())
+    }
+}
+
+/// A run whose store lease is running out (another process may take the notification once
+/// it expires) commits nothing and leaves its notification for a later scan, whose run
+/// commits it.
+#[test]
+fn a_run_whose_store_lease_runs_out_leaves_its_notification_uncommitted() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemStore::new(perc_notify::schema()));
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        // 800 ms in a 1 s lease: past the last quarter, well inside the 5 s liveness TTL.
+        let slow =
+            Arc::new(SlowOnce { clock: clock.clone(), slow_ms: 800, runs: AtomicU64::new(0) });
+        let mut reg = Registry::new();
+        reg.register("S", "v", NotifyKind::Strong, slow.clone()).unwrap();
+        let env = Env::new(store.clone(), reg, true).await;
+        // The env's clock is its own manual clock: the engine's client must share the test's.
+        let client = client_for(
+            store.clone(),
+            env.oracle.clone(),
+            clock.clone(),
+            TxnConfig::default(),
+            env.registry.clone(),
+        )
+        .await
+        .unwrap();
+        client.heartbeat().await.unwrap();
+        let lease = Arc::new(perc_notify::StoreLease::new(
+            store.clone(),
+            clock.clone(),
+            1_000,
+            client.id(),
+            client.liveness().clone(),
+        ));
+        let engine =
+            Engine::with_lease(client, env.registry.clone(), NotifyConfig::default(), lease);
+        env.write("r", "v", "x").await;
+        let p = engine.scan(&Bytes::new(), 10).await.unwrap().0.remove(0);
+        assert_eq!(engine.process(&p).await.unwrap(), RunOutcome::Busy);
+        assert_eq!(env.read("r", "out").await, None, "nothing committed");
+        assert_eq!(env.notify_cells().await, 1, "the notification waits");
+        // The lease is released; a later scan's run is quick, and commits.
+        let p = loop {
+            let (mut found, _) = engine.scan(&Bytes::new(), 10).await.unwrap();
+            let p = found.remove(0);
+            match engine.process(&p).await.unwrap() {
+                RunOutcome::Busy => tokio::task::yield_now().await,
+                outcome => break (p, outcome),
+            }
+        };
+        assert_eq!(p.1, RunOutcome::Ran);
+        assert_eq!(env.read("r", "out").await.as_deref(), Some("x"));
+        assert_eq!(slow.runs.load(Ordering::SeqCst), 2);
+    });
+}
