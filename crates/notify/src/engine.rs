@@ -450,18 +450,19 @@ impl Engine {
         if self.failures_lock().get(&key).is_some_and(|f| f.not_before_ms > now) {
             return Ok(RunOutcome::Busy);
         }
-        let Some(_lease) = self.lease.try_acquire(&p.row, &p.column).await else {
+        let Some(lease) = self.lease.try_acquire(&p.row, &p.column).await else {
             self.lease_refused.fetch_add(1, Ordering::Relaxed);
             return Ok(RunOutcome::Busy);
         };
         let counters = &self.counters[&reg.name];
-        let commit_by = _lease.commit_by_ms();
+        let commit_by = lease.commit_by_ms();
         let mut attempt = 0;
         loop {
             let started = Instant::now();
             match self.run_once(reg, p, counters, clear, None, commit_by).await {
                 Ok(Attempt::LeaseRunningOut) => {
-                    tracing::debug!(observer = %reg.name, row = %p.row.escape_ascii(), "lease running out: the run is left to a later scan");
+                    // A run this long every time would never commit: say so, and what to raise.
+                    tracing::warn!(observer = %reg.name, row = %p.row.escape_ascii(), "the run outlasted three quarters of its lease (workers.lease_ttl_ms) and committed nothing; it is left to a later scan");
                     return Ok(RunOutcome::Busy);
                 }
                 Ok(done) => {
