@@ -1,10 +1,12 @@
 //! export: keeps the serving copy of each page current (SPEC §6.6).
 //!
+//! - Trigger: `export:dirty` of `p:<url>` (weak), which nothing sets any more: earlier
+//!   versions of perc did (parse, indegree and cluster), and a store they wrote may still
+//!   hold some. Otherwise it is a stage:
 //! - Runs: in the transaction of whoever changes what a page's line shows: parse (its
 //!   `page:meta`), indegree (its `indeg:indeg`) and cluster (its `page:canonical`), each
 //!   right after writing it, so that no run of its own is needed (one transaction and ~4
-//!   store calls a page, and a third of an update's runs). Also an observer, for the
-//!   `export:dirty` notifications (weak) that earlier versions of perc left in a store.
+//!   store calls a page, and a third of an update's runs).
 //! - Reads: `page:meta`, `page:canonical`, `indeg:indeg`, `export:line`, as the transaction
 //!   sees them (its own writes included).
 //! - Writes: `export:line`, the page's JSON line without its inlinks and near-duplicates
