@@ -1160,7 +1160,7 @@ fn scanners_wait_for_news_while_runs_are_in_flight_and_lose_nothing() {
 
 /// Writes its row's `out`, moving the test's clock on by `slow_ms` during its first run.
 struct SlowOnce {
-    clock: Arc<ManualClock>,
+    clock: std::sync::OnceLock<Arc<ManualClock>>,
     slow_ms: u64,
     runs: AtomicU64,
 }
@@ -1174,7 +1174,7 @@ impl Observer for SlowOnce {
         column: &Bytes,
     ) -> Result<(), ObserverError> {
         if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.clock.advance_ms(self.slow_ms);
+            self.clock.get().expect("set by the test").advance_ms(self.slow_ms);
         }
         let v = text(txn.get(row, column).await?);
         txn.set(row.clone(), "out", v);
@@ -1188,28 +1188,21 @@ impl Observer for SlowOnce {
 #[test]
 fn a_run_whose_store_lease_runs_out_leaves_its_notification_uncommitted() {
     rt().block_on(async {
-        let store: Arc<dyn Store> = Arc::new(MemStore::new(perc_notify::schema()));
-        let clock = Arc::new(ManualClock::new(1_000_000));
         // 800 ms in a 1 s lease: past the last quarter, well inside the 5 s liveness TTL.
-        let slow =
-            Arc::new(SlowOnce { clock: clock.clone(), slow_ms: 800, runs: AtomicU64::new(0) });
+        let slow = Arc::new(SlowOnce {
+            clock: std::sync::OnceLock::new(),
+            slow_ms: 800,
+            runs: AtomicU64::new(0),
+        });
         let mut reg = Registry::new();
         reg.register("S", "v", NotifyKind::Strong, slow.clone()).unwrap();
-        let env = Env::new(store.clone(), reg, true).await;
-        // The env's clock is its own manual clock: the engine's client must share the test's.
-        let client = client_for(
-            store.clone(),
-            env.oracle.clone(),
-            clock.clone(),
-            TxnConfig::default(),
-            env.registry.clone(),
-        )
-        .await
-        .unwrap();
-        client.heartbeat().await.unwrap();
+        let env = Env::mem(reg).await;
+        let clock = env.manual.clone().expect("a manual clock");
+        slow.clock.set(clock.clone()).ok();
+        let client = env.client().await;
         let lease = Arc::new(perc_notify::StoreLease::new(
-            store.clone(),
-            clock.clone(),
+            env.store.clone(),
+            clock,
             1_000,
             client.id(),
             client.liveness().clone(),
