@@ -460,11 +460,6 @@ impl Engine {
         loop {
             let started = Instant::now();
             match self.run_once(reg, p, counters, clear, None, commit_by).await {
-                Ok(Attempt::LeaseRunningOut) => {
-                    // A run this long every time would never commit: say so, and what to raise.
-                    tracing::warn!(observer = %reg.name, row = %p.row.escape_ascii(), "the run outlasted three quarters of its lease (workers.lease_ttl_ms) and committed nothing; it is left to a later scan");
-                    return Ok(RunOutcome::Busy);
-                }
                 Ok(done) => {
                     let ran = done != Attempt::Unchanged;
                     match done {
@@ -488,7 +483,12 @@ impl Engine {
                         Attempt::Unchanged => {
                             counters.skipped.fetch_add(1, Ordering::Relaxed);
                         }
-                        Attempt::LeaseRunningOut => unreachable!("returned above"),
+                        Attempt::LeaseRunningOut => {
+                            // A run this long every time would never commit: say so, and
+                            // what to raise. The notification stays for a later scan.
+                            tracing::warn!(observer = %reg.name, row = %p.row.escape_ascii(), "the run outlasted three quarters of its lease (workers.lease_ttl_ms) and committed nothing; it is left to a later scan");
+                            return Ok(RunOutcome::Busy);
+                        }
                     }
                     if done != Attempt::Committed || clear == Clear::Deferred {
                         self.clear(p, clear).await?;
