@@ -38,8 +38,8 @@
 //!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
 //! - Notifies: the page's cluster head (`cluster:dirty`, weakly, the cluster dedup registered
 //!   it in; see [`notify_downstream`] for why it rewrites that registration, and why a
-//!   cluster of one is told only of its names) on a change, and makes the page's export line
-//!   again then ([`crate::export`], in this transaction).
+//!   cluster of one is told only of its names) on a change; makes the page's export line
+//!   again ([`crate::export`], in this transaction) when its in-degree changed.
 //! - Queues: the URL for the search index ([`crate::search`]) when it folded changes (an
 //!   edge came or went: its inlinks' anchors changed even when its count did not).
 //! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
@@ -285,6 +285,10 @@ async fn as_page(
     if a || b {
         notify_downstream(txn, row, b).await?;
     }
+    if a {
+        // Its line shows the in-degree (not the names).
+        crate::export::run(txn, row).await?;
+    }
     Ok(())
 }
 
@@ -309,6 +313,7 @@ async fn as_alias(
             model::delete_if_present(txn, row, column).await?;
         }
         if changed {
+            // Its line went in the parse run that made it a redirect.
             notify_downstream(txn, row, true).await?;
         }
     }
@@ -485,8 +490,7 @@ fn notify_direct_aliases(txn: &mut Transaction, sources: &[String]) -> usize {
     sources.len()
 }
 
-/// Tells the page's cluster that its in-degree or its names changed, and makes its export
-/// line again ([`crate::export`], in this transaction).
+/// Tells the page's cluster that its in-degree or its names changed.
 ///
 /// The cluster is the one dedup has registered the page in (`dedup:registered`), and that
 /// cell is written back unchanged: a write skew otherwise. A concurrent dedup could move the
@@ -521,7 +525,7 @@ async fn notify_downstream(
             );
         }
     }
-    crate::export::run(txn, row).await
+    Ok(())
 }
 
 /// A URL's redirect chain, as one snapshot shows it.
