@@ -1,8 +1,12 @@
 //! cluster: canonical choice per duplicate cluster (SPEC §6.4), and anchor forwarding to it.
 //!
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes, by
-//!   parse when a member's declared canonical changes and by indegree when a member's
-//!   names change, or its in-degree in a cluster of more than one).
+//!   parse when a member's declared canonical changes and by indegree when a member's names
+//!   or in-degree change, in a cluster of more than one).
+//! - Also runs as a stage, [`found`], in the parse run of a page that is a new cluster's
+//!   first member (most pages: a body of their own), which then needs no run of cluster;
+//!   and a cluster of one is not told of its member's names or in-degree (see
+//!   [`mark_alone`]: indegree forwards the names itself).
 //! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `indeg:indeg`,
 //!   `page:canonical`, `indeg:names`, `fwd:names` (for [`forward`]), `page:declared` and
 //!   `cluster:alone`, in one call.
@@ -42,18 +46,18 @@ pub struct Cluster;
 
 /// Keeps each member's `cluster:alone` true: the cluster's hash on the member of a cluster of
 /// one, absent on every member of a larger one. It lets indegree skip telling a cluster of
-/// one that its member's in-degree changed, a run that could change nothing: the choice
-/// among one member does not depend on it (its names, which forwarding copies, still tell).
+/// one that its member's in-degree or names changed: the choice among one member depends on
+/// neither, and the one thing such a run would do, forwarding the member's names to itself,
+/// indegree does in its own transaction.
 ///
 /// Why no change is missed: indegree skips only when the mark names the cluster its page is
 /// registered in, and writes the mark back unchanged. A member joining makes dedup tell the
-/// cluster, and that run, seeing two members, deletes the mark: it conflicts with any
-/// indegree run that overlaps it and skipped on the mark, and a run after it reads the new
-/// in-degree. (Two runs of one cluster do not overlap: the notification's lease keeps a
-/// second off, and a worker whose lease was taken over for missed heartbeats cannot commit.
-/// A run older than a member's joining that committed after the joiner's run found nothing
-/// to do would leave the mark stale, as it would leave stale forwarded names.) A stale mark,
-/// from a cluster the page has since left, names another hash and is ignored.
+/// cluster (a cluster with a member is never chosen for by [`found`]), and that run, seeing
+/// two members, deletes the mark: it conflicts with any indegree run that overlaps it and
+/// skipped on the mark, and a run after it reads the new in-degree and names. (Two runs of
+/// one cluster that commit do not overlap: both write the head's ack of cluster, as
+/// [`found`] does.) A stale mark, from a cluster the page has since left, names another hash
+/// and is ignored.
 fn mark_alone(txn: &mut Transaction, members: &[String], marks: &[Option<&Bytes>], hash: &str) {
     let alone = members.len() == 1;
     for (m, mark) in members.iter().zip(marks) {
@@ -87,75 +91,145 @@ impl Observer for Cluster {
         let Some(hash) = row.strip_prefix(b"c:").and_then(|h| std::str::from_utf8(h).ok()) else {
             return Ok(());
         };
-        let hash = hash.to_string();
-        let (start, end) = model::children("c:", &hash);
+        let (start, end) = model::children("c:", hash);
         let rows = txn.scan(&start, &end, col::MEMBER).await?;
-        // Members share their body, so the first one's simhash is the cluster's.
-        let simhash = rows.first().and_then(|(_, v)| model::parse_simhash(v));
-        let members: Vec<String> =
-            rows.iter().filter_map(|(r, _)| model::child_key(r).map(str::to_string)).collect();
-        if members.is_empty() {
-            model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
-            let registered = txn.get(row, col::NEAR_REGISTERED).await?;
-            publish(txn, row, &hash, None, registered.as_ref()).await?;
-            return Ok(());
-        }
-        let keys: Vec<(Bytes, Bytes)> = members
-            .iter()
-            .flat_map(|m| {
-                [
-                    (model::page(m), Bytes::from_static(col::INDEG)),
-                    (model::page(m), Bytes::from_static(col::CANONICAL)),
-                    (model::page(m), Bytes::from_static(col::NAMES)),
-                    (model::page(m), Bytes::from_static(col::FWD_NAMES)),
-                    (model::page(m), Bytes::from_static(col::DECLARED)),
-                    (model::page(m), Bytes::from_static(col::ALONE)),
-                ]
-            })
-            .chain([(row.clone(), Bytes::from_static(col::NEAR_REGISTERED))])
-            .collect();
-        let got = txn.get_many(&keys).await?;
-        let registered = got.last().expect("the head's cell").as_ref();
-        let cell = |i: usize, k: usize| got[CELLS * i + k].as_ref();
-        let indeg = |i: usize| -> u64 {
-            cell(i, 0).and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
-        };
-        let names: Vec<Option<Bytes>> = (0..members.len()).map(|i| cell(i, 2).cloned()).collect();
-        let declared: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 4)).collect();
-        let votes = votes(&members, &names, &declared)?;
-        let marks: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 5)).collect();
-        mark_alone(txn, &members, &marks, &hash);
-        let best = (0..members.len())
-            .min_by_key(|&i| (Reverse((votes[i], indeg(i))), members[i].len(), members[i].clone()))
-            .expect("members is not empty");
-        let canonical = members[best].clone();
-        model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone()))
-            .await?;
-        let entry = simhash.map(|simhash| BlockEntry {
-            hash: hash.clone(),
-            simhash,
-            canonical: canonical.clone(),
-        });
-        publish(txn, row, &hash, entry, registered).await?;
-        let mut moved = Vec::new();
-        for (i, m) in members.iter().enumerate() {
-            if cell(i, 1).map(|c| &c[..]) != Some(canonical.as_bytes()) {
-                let member_row = model::page(m);
-                txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
-                hold_membership(txn, &member_row, hash.clone());
-                moved.push(member_row);
-            }
-        }
-        // Their export lines show the canonical: made again here, read in one call.
-        txn.get_many(&export::cells(&moved)).await?;
-        for member_row in &moved {
-            export::run(txn, member_row).await?;
-        }
-        let forwarded: Vec<Option<Bytes>> =
-            (0..members.len()).map(|i| cell(i, 3).cloned()).collect();
-        forward::run(txn, &hash, &members, &names, &forwarded, &canonical).await?;
-        Ok(())
+        choose(txn, row, hash, &rows).await
     }
+}
+
+/// The stage, in the parse run of the page `url` that dedup has just registered under `hash`
+/// (its member row's value `simhash`, as dedup wrote it): when the page is the cluster's only
+/// member and the cluster has never been chosen for (no `cluster:canonical` on its head, as
+/// for every new content hash), does here all that a run of cluster on the head would do,
+/// and returns true; otherwise does nothing and returns false (dedup then tells the cluster,
+/// whose run chooses). A page with content of its own then costs no run of cluster (~10 of
+/// a page's ~30 store calls went to it).
+///
+/// - Reads: the member rows under `c:<hash>` (one scan of their rows, without values), then
+///   in one call the head's cells and the band index cells of the simhash's blocks.
+/// - Writes: what [`choose`] writes for one member, and the head's ack of cluster
+///   ([`perc_notify::record_run`]): this transaction is a run of cluster on the head.
+///
+/// Why nothing is missed, though this transaction holds no lease of the head:
+/// - Every run of cluster on the head that commits writes the same ack, and so does every
+///   other transaction taking this path for the head; of two that overlap, one does not
+///   commit. So no choice for the head commits between this one's start and its commit.
+/// - An idle run of the head that overlaps this one saw no `cluster:canonical` on the head
+///   (no choice committed since this one's start), so no member (with a member it would
+///   write a choice): it settled a notification of an empty cluster, and this one makes the
+///   cluster's first choice.
+/// - A page that joins the cluster meanwhile either takes this path too (the ack: one of the
+///   two retries and sees the other's member) or tells the head, whose run sees this page's
+///   member or overlaps this transaction (the ack again). A member cannot leave meanwhile:
+///   there was none.
+/// - The member's cells that the choice reads and others write: its `indeg:names` and
+///   `indeg:indeg` are written by its indegree run, which writes the page's
+///   `dedup:registered` back whenever it changes either (see [`hold_membership`]), a cell
+///   this transaction writes, so the two conflict; `page:declared` is this transaction's
+///   own. The rest are written only by cluster runs, which [`hold_membership`] keeps off a
+///   page that moved.
+pub async fn found(
+    txn: &mut Transaction,
+    hash: &str,
+    url: &str,
+    simhash: &Bytes,
+) -> Result<bool, ObserverError> {
+    let head = model::cluster_head(hash);
+    let member = model::member(hash, url);
+    let (start, end) = model::children("c:", hash);
+    if txn.scan_rows(&start, &end, col::MEMBER).await? != [member.clone()] {
+        return Ok(false);
+    }
+    let mut keys: Vec<(Bytes, Bytes)> =
+        [col::CLUSTER_CANONICAL, col::NEAR_REGISTERED, col::NEAR_LIST]
+            .map(|c| (head.clone(), Bytes::from_static(c)))
+            .into();
+    if let Some(s) = model::parse_simhash(simhash) {
+        keys.extend(model::blocks(s).map(|b| (b, Bytes::from_static(col::BLOCK))));
+    }
+    if txn.get_many(&keys).await?[0].is_some() {
+        return Ok(false);
+    }
+    choose(txn, &head, hash, &[(member, simhash.clone())]).await?;
+    perc_notify::record_run(txn, &head, CLUSTER);
+    Ok(true)
+}
+
+/// The observer's name, whose ack [`found`] writes.
+pub const CLUSTER: &str = "cluster";
+
+/// The choice for the cluster of `hash` (head row `row`) whose member rows are `rows`
+/// (`c:<hash>\0<url>`, each with its `cluster:member` value), and all that follows from it:
+/// what the module's contract lists after its reads.
+async fn choose(
+    txn: &mut Transaction,
+    row: &Bytes,
+    hash: &str,
+    rows: &[(Bytes, Bytes)],
+) -> Result<(), ObserverError> {
+    // Members share their body, so the first one's simhash is the cluster's.
+    let simhash = rows.first().and_then(|(_, v)| model::parse_simhash(v));
+    let members: Vec<String> =
+        rows.iter().filter_map(|(r, _)| model::child_key(r).map(str::to_string)).collect();
+    if members.is_empty() {
+        model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
+        let registered = txn.get(row, col::NEAR_REGISTERED).await?;
+        publish(txn, row, hash, None, registered.as_ref()).await?;
+        return Ok(());
+    }
+    let keys: Vec<(Bytes, Bytes)> = members
+        .iter()
+        .flat_map(|m| {
+            [
+                (model::page(m), Bytes::from_static(col::INDEG)),
+                (model::page(m), Bytes::from_static(col::CANONICAL)),
+                (model::page(m), Bytes::from_static(col::NAMES)),
+                (model::page(m), Bytes::from_static(col::FWD_NAMES)),
+                (model::page(m), Bytes::from_static(col::DECLARED)),
+                (model::page(m), Bytes::from_static(col::ALONE)),
+            ]
+        })
+        .chain([(row.clone(), Bytes::from_static(col::NEAR_REGISTERED))])
+        .collect();
+    let got = txn.get_many(&keys).await?;
+    let registered = got.last().expect("the head's cell").as_ref();
+    let cell = |i: usize, k: usize| got[CELLS * i + k].as_ref();
+    let indeg = |i: usize| -> u64 {
+        cell(i, 0).and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
+    };
+    let names: Vec<Option<Bytes>> = (0..members.len()).map(|i| cell(i, 2).cloned()).collect();
+    let declared: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 4)).collect();
+    let votes = votes(&members, &names, &declared)?;
+    let marks: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 5)).collect();
+    mark_alone(txn, &members, &marks, hash);
+    let best = (0..members.len())
+        .min_by_key(|&i| (Reverse((votes[i], indeg(i))), members[i].len(), members[i].clone()))
+        .expect("members is not empty");
+    let canonical = members[best].clone();
+    model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone())).await?;
+    let entry = simhash.map(|simhash| BlockEntry {
+        hash: hash.to_string(),
+        simhash,
+        canonical: canonical.clone(),
+    });
+    publish(txn, row, hash, entry, registered).await?;
+    let mut moved = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        if cell(i, 1).map(|c| &c[..]) != Some(canonical.as_bytes()) {
+            let member_row = model::page(m);
+            txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
+            hold_membership(txn, &member_row, hash.to_string());
+            moved.push(member_row);
+        }
+    }
+    // Their export lines show the canonical: made again here, read in one call.
+    txn.get_many(&export::cells(&moved)).await?;
+    for member_row in &moved {
+        export::run(txn, member_row).await?;
+    }
+    let forwarded: Vec<Option<Bytes>> = (0..members.len()).map(|i| cell(i, 3).cloned()).collect();
+    forward::run(txn, hash, &members, &names, &forwarded, &canonical).await?;
+    Ok(())
 }
 
 /// Keeps the cluster's entry in the band index (SPEC §6.4a) what it is now: `entry` (none

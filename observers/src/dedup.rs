@@ -5,8 +5,10 @@
 //! - Writes: the membership rows `c:<hash>\0<url>` (removes the old one, adds the new one,
 //!   whose value is the body's simhash in hex, "" if it has none: the cluster's, since its
 //!   members share the body; unchecked, see [`model::reregister`]), and `dedup:registered`.
-//! - Notifies: the old and the new cluster heads (`cluster:dirty`, weakly), so canonical
-//!   choice runs for both.
+//! - Then, when the page is the first member of a new cluster, [`cluster::found`] chooses
+//!   for it in this transaction.
+//! - Notifies: the old cluster head and, unless `found` chose for it, the new one
+//!   (`cluster:dirty`, weakly), so canonical choice runs for both.
 //! - Twice is harmless: when the registered hash equals the current one there is nothing to
 //!   move and nothing is written.
 
@@ -14,6 +16,7 @@ use bytes::Bytes;
 use perc_notify::ObserverError;
 use perc_txn::Transaction;
 
+use crate::cluster;
 use crate::model::{self, col};
 
 /// The stage, in the transaction of the page's parse run: `simhash` is the page's body's.
@@ -23,14 +26,31 @@ pub async fn run(
     simhash: Option<u64>,
 ) -> Result<(), ObserverError> {
     let Some(url) = model::url_of(row) else { return Ok(()) };
+    let value = Bytes::from(simhash.map(model::simhash_hex).unwrap_or_default());
     let membership = model::Registration {
         key: col::HASH,
         registered: col::HASH_REGISTERED,
         child: model::member,
         child_column: col::MEMBER,
-        notify: Some((model::cluster_head, col::CLUSTER_DIRTY)),
-        value: Bytes::from(simhash.map(model::simhash_hex).unwrap_or_default()),
+        notify: None,
+        value: value.clone(),
     };
-    model::reregister(txn, row, url, &membership).await?;
+    let was = txn.get(row, col::HASH_REGISTERED).await?.unwrap_or_default();
+    if !model::reregister(txn, row, url, &membership).await? {
+        return Ok(());
+    }
+    let tell = |txn: &mut Transaction, hash: &str| {
+        txn.notify(model::cluster_head(hash), Bytes::from_static(col::CLUSTER_DIRTY));
+    };
+    if !was.is_empty() {
+        tell(txn, &String::from_utf8_lossy(&was));
+    }
+    let hash = txn.get(row, col::HASH).await?.unwrap_or_default();
+    if !hash.is_empty() {
+        let hash = String::from_utf8_lossy(&hash);
+        if !cluster::found(txn, &hash, url, &value).await? {
+            tell(txn, &hash);
+        }
+    }
     Ok(())
 }

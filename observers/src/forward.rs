@@ -2,7 +2,9 @@
 //! inlinks of every member of its cluster (and of their aliases).
 //!
 //! - Runs: in the cluster head's run, after cluster chose the canonical from the members it
-//!   read (one transaction for both: what forwarding reads is what the choice read).
+//!   read (one transaction for both: what forwarding reads is what the choice read); the
+//!   same for [`cluster::found`]; and, for a cluster of one, in its member's indegree run
+//!   when the member's names changed (the names it forwards are its own).
 //! - Reads: nothing of its own: each member's `indeg:names` and `fwd:names` come from
 //!   cluster's read.
 //! - Writes: on the canonical, `fwd:names` = the union of the members' names (pages and

@@ -38,7 +38,7 @@
 //!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
 //! - Notifies: the page's cluster head (`cluster:dirty`, weakly, the cluster dedup registered
 //!   it in; see [`notify_downstream`] for why it rewrites that registration, and why a
-//!   cluster of one is told only of its names) on a change; makes the page's export line
+//!   cluster of one is not told, its names forwarded here instead) on a change; makes the page's export line
 //!   again ([`crate::export`], in this transaction) when its in-degree changed.
 //! - Queues: the URL for the search index ([`crate::search`]) when it folded changes (an
 //!   edge came or went: its inlinks' anchors changed even when its count did not).
@@ -498,8 +498,9 @@ fn notify_direct_aliases(txn: &mut Transaction, sources: &[String]) -> usize {
 /// before we commit, and we would tell the old cluster. Writing the cell makes the two
 /// transactions conflict, so one of them retries and sees the other.
 ///
-/// A cluster of one is not told of an in-degree alone: its choice cannot change. The page's
-/// `cluster:alone` says so when it names the registered cluster, and is written back
+/// A cluster of one is not told: its choice cannot change, and the one thing its run would
+/// do, forwarding the member's names to itself ([`crate::forward`]), is done here. The
+/// page's `cluster:alone` says so when it names the registered cluster, and is written back
 /// unchanged too, so that a cluster run that finds a second member conflicts with this one
 /// (see `cluster::mark_alone`).
 async fn notify_downstream(
@@ -510,20 +511,26 @@ async fn notify_downstream(
     let cells = [
         (row.clone(), Bytes::from_static(col::HASH_REGISTERED)),
         (row.clone(), Bytes::from_static(col::ALONE)),
+        (row.clone(), Bytes::from_static(col::NAMES)),
+        (row.clone(), Bytes::from_static(col::FWD_NAMES)),
     ];
-    let [registered, alone]: [Option<Bytes>; 2] =
-        txn.get_many(&cells).await?.try_into().expect("two cells asked");
+    let [registered, alone, names, forwarded]: [Option<Bytes>; 4] =
+        txn.get_many(&cells).await?.try_into().expect("four cells asked");
     let registered = registered.unwrap_or_default();
     crate::cluster::hold_membership(txn, row, registered.clone());
-    if !registered.is_empty() {
-        if !names_changed && alone.as_ref() == Some(&registered) {
-            txn.set(row.clone(), Bytes::from_static(col::ALONE), registered);
-        } else {
-            txn.notify(
-                model::cluster_head(&String::from_utf8_lossy(&registered)),
-                Bytes::from_static(col::CLUSTER_DIRTY),
-            );
-        }
+    if registered.is_empty() {
+        return Ok(());
+    }
+    let hash = String::from_utf8_lossy(&registered).into_owned();
+    if alone.as_ref() != Some(&registered) {
+        txn.notify(model::cluster_head(&hash), Bytes::from_static(col::CLUSTER_DIRTY));
+        return Ok(());
+    }
+    txn.set(row.clone(), Bytes::from_static(col::ALONE), registered);
+    if names_changed {
+        let Some(url) = model::url_of(row) else { return Ok(()) };
+        let url = [url.to_string()];
+        crate::forward::run(txn, &hash, &url, &[names], &[forwarded], &url[0]).await?;
     }
     Ok(())
 }

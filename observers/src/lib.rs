@@ -5,9 +5,13 @@
 //! cluster's (it reads what cluster's choice read), and export inside the transaction of
 //! whichever of parse, indegree and cluster changed what a page's line shows. (Export is
 //! registered as an observer too, for the notifications older versions left in a store.)
+//! Cluster runs only for clusters of more than one page: the first member's parse run makes
+//! a new cluster's choice ([`cluster::found`]), and a cluster of one is not told of its
+//! member's changes (its indegree run forwards the names).
 //!
 //! ```text
-//!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► (+ export, dedup) ─────┐
+//!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► (+ export, dedup, ────┐
+//!                                                        │   a new cluster's choice)│
 //!     (replay writes crawl:raw directly)      one run:   ├─► (+ invert) ───────────┤ indeg:dirty
 //!                                                        ├─► (+ alias) ────────────┘   │
 //!                                                        └─► page:follow ─► discover   ▼

@@ -14,8 +14,9 @@
 //! - Writes: `near:list`, the canonical URLs of the other clusters within 3 bits, sorted, the
 //!   20 smallest (removed when there are none; readers join it into the canonical's line,
 //!   see [`crate::model::full_line`]); only when it changed. Notifies nothing.
-//! - Why nothing is missed: every change to an entry is a cluster run that rewrites the
-//!   block cells holding it, and those cells are checked, so of two overlapping runs
+//! - Why nothing is missed: every change to an entry is a cluster's choice (a run of
+//!   cluster, or [`crate::cluster::found`] in a parse run) that rewrites the block cells
+//!   holding it, and those cells are checked, so of two overlapping runs
 //!   changing near-duplicate clusters (which share a cell) only one commits: the other
 //!   retries and reads the first's entry. A run that changes an entry tells every cluster
 //!   near it that it read, and a list read before that change committed belonged to a

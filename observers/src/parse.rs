@@ -136,9 +136,11 @@ impl Observer for Parse {
         let declared = meta.declared_canonical.clone().unwrap_or_default();
         if model::set_if_changed(txn, row, col::DECLARED, Bytes::from(declared)).await?
             && !meta.content_hash.is_empty()
+            && txn.get(row, col::HASH_REGISTERED).await?.as_deref()
+                == Some(meta.content_hash.as_bytes())
         {
             // The page's vote moved: its cluster chooses again (SPEC §6.4). A page that also
-            // moved to another cluster has both told by dedup.
+            // moves to another cluster has both told (or chosen for) by dedup.
             txn.notify(
                 model::cluster_head(&meta.content_hash),
                 Bytes::from_static(col::CLUSTER_DIRTY),

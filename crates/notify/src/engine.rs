@@ -43,7 +43,7 @@ use perc_store::{
 use perc_txn::{actions, Client, CommitStep, TxnError};
 
 use crate::lease::{LocalLease, RowLease};
-use crate::observer::{NotifyKind, ObserverError, Registration, Registry};
+use crate::observer::{record_run, NotifyKind, ObserverError, Registration, Registry};
 use crate::NotifyConfig;
 
 /// The most columns of its notified row an observer's run prefetches.
@@ -561,7 +561,7 @@ impl Engine {
         // One read for the ack, the trigger's newest commit and the columns of this row the
         // observer read in earlier runs (the paper's prefetching): its `get`s then hit the
         // transaction's cache.
-        let mut cells = vec![(p.row.clone(), ack_column.clone())];
+        let mut cells = vec![(p.row.clone(), ack_column)];
         if reg.kind == NotifyKind::Strong {
             cells.push((p.row.clone(), p.column.clone()));
         }
@@ -599,7 +599,7 @@ impl Engine {
         if commit_by.is_some_and(|by| self.client.clock().now_ms() > by) {
             return Ok(Attempt::LeaseRunningOut);
         }
-        txn.set(p.row.clone(), ack_column, Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes()));
+        record_run(&mut txn, &p.row, &reg.name);
         if clear == Clear::Now {
             // The notification is cleared in the call that commits the secondaries.
             txn.after_commit(notify_delete(p));

@@ -34,7 +34,8 @@ pub use engine::{
 };
 pub use lease::{LeaseGuard, LocalLease, RowLease, StoreLease};
 pub use observer::{
-    ack_column, NotifyKind, Observer, ObserverError, Registration, Registry, RegistryError,
+    ack_column, record_run, NotifyKind, Observer, ObserverError, Registration, Registry,
+    RegistryError,
 };
 pub use workers::Workers;
 

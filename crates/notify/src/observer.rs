@@ -73,6 +73,17 @@ pub fn ack_column(observer: &str) -> Bytes {
     Bytes::from(format!("perc.ack:{observer}"))
 }
 
+/// Writes, in `txn`, the ack a committed run of `observer` on `row` writes: the transaction's
+/// start_ts. The engine does this for every run it commits; a stage that does, in another
+/// observer's transaction, all that a run of `observer` on `row` would do calls it too. Such
+/// a transaction is then that run: notifications of `row` no newer than its start are
+/// settled by it, and a run of `observer` on `row` that overlaps it writes the same cell, so
+/// one of the two does not commit.
+pub fn record_run(txn: &mut Transaction, row: &Bytes, observer: &str) {
+    let start = Bytes::copy_from_slice(&txn.start_ts().0.to_be_bytes());
+    txn.set(row.clone(), ack_column(observer), start);
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("column {column:?} already has observer {existing:?}; one observer per column")]

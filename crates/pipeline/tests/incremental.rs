@@ -633,11 +633,11 @@ impl perc_store::Hook for ToldCluster {
     }
 }
 
-/// A cluster of one is not told that its page's in-degree changed (its choice cannot change),
-/// but is told of a new alias (forwarding copies its names); once a second member joins, an
-/// in-degree change is told again and decides the canonical.
+/// A cluster of one is not told that its page's in-degree or names changed (its choice cannot
+/// change; its page's run forwards the names); once a second member joins, an in-degree
+/// change is told again and decides the canonical.
 #[test]
-fn a_cluster_of_one_hears_of_names_not_in_degrees_and_of_both_once_it_grows() {
+fn a_cluster_of_one_is_not_told_of_its_page_and_a_cluster_of_two_is() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let web = Web::default();
@@ -657,16 +657,8 @@ fn a_cluster_of_one_hears_of_names_not_in_degrees_and_of_both_once_it_grows() {
             .unwrap();
         let body = "<title>x</title><p>the x page</p>".to_string();
         let (x, y) = ("http://s.test/x", "http://s.test/y");
-        load(&h, x, html(body.clone())).await;
-        load(&h, "http://s.test/s1", html("<a href=/x>1</a>".into())).await;
-        load(&h, "http://s.test/s2", html("<p>no link yet</p>".into())).await;
-        load(&h, "http://s.test/s3", html("<a href=/y>3</a>".into())).await;
-        h.engine.run_until_quiet().await.unwrap();
-        let hash = {
-            let txn = h.client.begin().await.unwrap();
-            txn.get(b"p:http://s.test/x", b"page:hash").await.unwrap().expect("x is parsed")
-        };
-        *hook.head.lock().unwrap() = Some(Bytes::from([&b"c:"[..], &hash].concat()));
+        let hash = perc_crawl::content_hash(body.as_bytes());
+        *hook.head.lock().unwrap() = Some(Bytes::from(format!("c:{hash}")));
         let told = || hook.told.swap(0, std::sync::atomic::Ordering::SeqCst);
         let line = |url: &'static str| {
             let client = h.client.clone();
@@ -674,17 +666,34 @@ fn a_cluster_of_one_hears_of_names_not_in_degrees_and_of_both_once_it_grows() {
                 perc_observers::export(&client).await.unwrap().into_iter().find(|l| l.url == url)
             }
         };
+        load(&h, x, html(body.clone())).await;
+        load(&h, "http://s.test/s1", html("<a href=/x>1</a>".into())).await;
+        load(&h, "http://s.test/s2", html("<p>no link yet</p>".into())).await;
+        load(&h, "http://s.test/s3", html("<a href=/y>3</a>".into())).await;
+        h.engine.run_until_quiet().await.unwrap();
+        assert_eq!(told(), 0, "a new page's cluster is chosen for in the page's parse run");
+        assert_eq!(line(x).await.expect("x exported").canonical, x);
 
         load(&h, "http://s.test/s2", html("<a href=/x>2</a>".into())).await;
         h.engine.run_until_quiet().await.unwrap();
         assert_eq!(line(x).await.expect("x exported").in_degree, 2);
         assert_eq!(told(), 0, "a cluster of one is not told of an in-degree");
 
+        // A new alias of x changes x's names, which forwarding copies: x's own run forwards
+        // them, so the inlinks of old-x show on x's line.
         load(&h, "http://s.test/old-x", redirect(x)).await;
+        load(&h, "http://s.test/s4", html("<a href=/old-x>4</a>".into())).await;
         h.engine.run_until_quiet().await.unwrap();
-        assert!(told() > 0, "a new alias changes the names the canonical carries");
+        assert_eq!(told(), 0, "a cluster of one is not told of its page's names either");
+        let x_line = line(x).await.expect("x exported");
+        assert_eq!(x_line.in_degree, 3);
+        assert!(
+            x_line.inlinks.iter().any(|l| l.from == "http://s.test/s4"),
+            "the alias's inlink is forwarded: {:?}",
+            x_line.inlinks
+        );
 
-        // y, with one inlink, joins x's cluster; x, with two, stays its canonical.
+        // y, with one inlink, joins x's cluster; x, with three, stays its canonical.
         load(&h, y, html(body)).await;
         h.engine.run_until_quiet().await.unwrap();
         assert!(told() > 0, "a new member is told");
@@ -692,9 +701,44 @@ fn a_cluster_of_one_hears_of_names_not_in_degrees_and_of_both_once_it_grows() {
         // x loses its inlinks: the cluster, of two now, is told, and y becomes its canonical.
         load(&h, "http://s.test/s1", html("<p>1</p>".into())).await;
         load(&h, "http://s.test/s2", html("<p>2</p>".into())).await;
+        load(&h, "http://s.test/s4", html("<p>4</p>".into())).await;
         h.engine.run_until_quiet().await.unwrap();
         assert!(told() > 0, "a cluster of two is told of an in-degree");
         assert_eq!(line(x).await.expect("x exported").canonical, y);
+    });
+}
+
+/// Two pages of one new body, parsed at once: both find the cluster empty and choose for it
+/// in their parse runs. They write the same cells of its head (the choice, and the ack of
+/// cluster that makes each a run of it), so the second to commit conflicts; its retry finds
+/// the first member and tells the cluster, whose run chooses among both.
+#[test]
+fn two_first_members_of_a_new_cluster_at_once_make_one_commit_and_the_other_join() {
+    use perc_notify::Observer;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let web = Web::default();
+        let h = harness(&web).await;
+        let body = "<title>t</title><p>one body, two pages</p>";
+        let (p, q) = ("http://s.test/p", "http://s.test/q");
+        load(&h, p, html(body.into())).await;
+        load(&h, q, html(body.into())).await;
+        let raw = Bytes::from_static(b"crawl:raw");
+        let mut tp = h.client.begin().await.unwrap();
+        let mut tq = h.client.begin().await.unwrap();
+        for (txn, url) in [(&mut tp, p), (&mut tq, q)] {
+            let row = Bytes::from(format!("p:{url}"));
+            perc_observers::parse::Parse.observe(txn, &row, &raw).await.unwrap();
+        }
+        tp.commit().await.expect("the first choice commits");
+        let err = tq.commit().await.expect_err("the second first choice conflicts");
+        assert!(err.is_retryable(), "{err}");
+        h.engine.run_until_quiet().await.unwrap();
+        let lines = perc_observers::export(&h.client).await.unwrap();
+        let canonical =
+            |url: &str| lines.iter().find(|l| l.url == url).map(|l| l.canonical.clone());
+        assert_eq!(canonical(p).as_deref(), Some(p));
+        assert_eq!(canonical(q).as_deref(), Some(p), "q joined p's cluster");
     });
 }
 
