@@ -73,7 +73,7 @@ pub fn registry_with(
         NotifyKind::Weak,
         Arc::new(indegree::InDegree { fold_max }),
     )?;
-    r.register("cluster", col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
+    r.register(cluster::CLUSTER, col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
     r.register("near", col::NEAR_DIRTY, NotifyKind::Weak, Arc::new(near::Near))?;
     // Nothing notifies export now (it runs in its inputs' writers' transactions); a store
     // written by an earlier version may still hold its notifications.
