@@ -111,6 +111,10 @@ impl Observer for Cluster {
 ///   ([`perc_notify::record_run`]): this transaction is a run of cluster on the head.
 ///
 /// Why nothing is missed, though this transaction holds no lease of the head:
+/// - The ack settles every notification of the head older than this transaction's start, so
+///   this transaction must have seen all they announce: hence the scan of the member rows
+///   (the head's `cluster:canonical` alone would miss a member whose join is committed and
+///   whose notification is still pending).
 /// - Every run of cluster on the head that commits writes the same ack, and so does every
 ///   other transaction taking this path for the head; of two that overlap, one does not
 ///   commit. So no choice for the head commits between this one's start and its commit.
