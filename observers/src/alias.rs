@@ -25,10 +25,9 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         registered: col::TARGET_REGISTERED,
         child: model::redirect_in,
         child_column: col::ALIAS_FROM,
-        notify: None,
         value: Bytes::new(),
     };
-    if model::reregister(txn, row, source, &redirect).await? {
+    if model::reregister(txn, row, source, &redirect).await?.is_some() {
         txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
     }
     Ok(())

@@ -32,25 +32,19 @@ pub async fn run(
         registered: col::HASH_REGISTERED,
         child: model::member,
         child_column: col::MEMBER,
-        notify: None,
         value: value.clone(),
     };
-    let was = txn.get(row, col::HASH_REGISTERED).await?.unwrap_or_default();
-    if !model::reregister(txn, row, url, &membership).await? {
+    let Some(moved) = model::reregister(txn, row, url, &membership).await? else {
         return Ok(());
-    }
+    };
     let tell = |txn: &mut Transaction, hash: &str| {
         txn.notify(model::cluster_head(hash), Bytes::from_static(col::CLUSTER_DIRTY));
     };
-    if !was.is_empty() {
-        tell(txn, &String::from_utf8_lossy(&was));
+    if !moved.from.is_empty() {
+        tell(txn, &moved.from);
     }
-    let hash = txn.get(row, col::HASH).await?.unwrap_or_default();
-    if !hash.is_empty() {
-        let hash = String::from_utf8_lossy(&hash);
-        if !cluster::found(txn, &hash, url, &value).await? {
-            tell(txn, &hash);
-        }
+    if !moved.to.is_empty() && !cluster::found(txn, &moved.to, url, &value).await? {
+        tell(txn, &moved.to);
     }
     Ok(())
 }

@@ -173,19 +173,14 @@ pub struct Registration {
     /// The registration row for (key, url), and its column.
     pub child: fn(&str, &str) -> Bytes,
     pub child_column: &'static [u8],
-    /// The row told, weakly, when a key gains or loses the page, and its column (if any).
-    pub notify: Option<NotifyKey>,
     /// The registration row's value: a function of the key (a member row holds its body's
     /// simhash), so that it is written only when the registration moves.
     pub value: Bytes,
 }
 
-/// A key's row (from the key) and column to notify.
-pub type NotifyKey = (fn(&str) -> Bytes, &'static [u8]);
-
-/// Moves the page's registration from the key it has to the key it should have, telling both
-/// keys' rows; returns whether it moved. Nothing happens when they are the same, so running it
-/// twice is harmless.
+/// Moves the page's registration from the key it has to the key it should have; returns the
+/// move if there was one (the caller tells whom the keys concern). Nothing happens when they
+/// are the same, so running it twice is harmless.
 ///
 /// The registration rows are written unchecked (`Transaction::set_unchecked`): their key
 /// holds the page's URL, so only the page's own runs write them, and each of those writes the
@@ -196,27 +191,32 @@ pub async fn reregister(
     row: &Bytes,
     url: &str,
     r: &Registration,
-) -> Result<bool, TxnError> {
+) -> Result<Option<Moved>, TxnError> {
     let key = txn.get(row, r.key).await?.unwrap_or_default();
     let registered = txn.get(row, r.registered).await?.unwrap_or_default();
     if key == registered {
-        return Ok(false);
+        return Ok(None);
     }
-    for (k, add) in [(registered.clone(), false), (key.clone(), true)] {
+    let text = |k: &Bytes| String::from_utf8_lossy(k).into_owned();
+    let moved = Moved { from: text(&registered), to: text(&key) };
+    for (k, add) in [(&moved.from, false), (&moved.to, true)] {
         if k.is_empty() {
             continue;
         }
-        let k = String::from_utf8_lossy(&k).into_owned();
-        let child = (r.child)(&k, url);
+        let child = (r.child)(k, url);
         if add {
             txn.set_unchecked(child, Bytes::from_static(r.child_column), r.value.clone());
         } else {
             txn.delete_unchecked(child, Bytes::from_static(r.child_column));
         }
-        if let Some((notify, column)) = r.notify {
-            txn.notify(notify(&k), Bytes::from_static(column));
-        }
     }
     txn.set(row.clone(), Bytes::from_static(r.registered), key);
-    Ok(true)
+    Ok(Some(moved))
+}
+
+/// A registration that [`reregister`] moved: from the key it had to the key it has now
+/// (either "" for none).
+pub struct Moved {
+    pub from: String,
+    pub to: String,
 }
