@@ -38,8 +38,9 @@
 //!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
 //! - Notifies: the page's cluster head (`cluster:dirty`, weakly, the cluster dedup registered
 //!   it in; see [`notify_downstream`] for why it rewrites that registration, and why a
-//!   cluster of one is not told, its names forwarded here instead) on a change; makes the page's export line
-//!   again ([`crate::export`], in this transaction) when its in-degree changed.
+//!   cluster of one is not told, its names forwarded here instead) on a change; makes the
+//!   page's export line again ([`crate::export`], in this transaction) when its in-degree
+//!   changed.
 //! - Queues: the URL for the search index ([`crate::search`]) when it folded changes (an
 //!   edge came or went: its inlinks' anchors changed even when its count did not).
 //! - Twice is harmless: the change rows are deleted as they are folded; the outputs are

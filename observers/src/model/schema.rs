@@ -16,7 +16,10 @@
 //!                          indeg:indeg  in-degree                       indegree
 //!                          indeg:names  the page and its aliases        indegree
 //!                          fwd:names    the names whose inlinks the     forward (in
-//!                                       canonical carries               cluster's run)
+//!                                       canonical carries               cluster's choice;
+//!                                                                       indegree's run
+//!                                                                       for a cluster
+//!                                                                       of one)
 //!                          export:line  the serving copy (JSON; its     export (in the
 //!                                       inlinks are read from the e:    runs of parse,
 //!                                       rows of fwd:names)              indegree, cluster)
@@ -67,6 +70,9 @@
 //! of its `fwd:names` ([`inlinks`]). Hot
 //! rows (`indeg:dirty`, `cluster:dirty`) are only ever notified
 //! weakly: many writers, no conflicts.
+//!
+//! "cluster" above is cluster's choice: a run of cluster, or, for a new cluster's first
+//! member, that page's parse run ([`crate::cluster::found`]).
 
 use bytes::Bytes;
 
