@@ -14,9 +14,10 @@ mod scaling;
 mod serve;
 mod table;
 
+/// The binaries' allocator, as `perc` has it (jemalloc, one arena: `.cargo/config.toml`).
 #[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use clap::{Parser, Subcommand};
 

@@ -30,8 +30,9 @@ macro_rules! say {
     };
 }
 
+/// jemalloc, with one arena for every thread (`.cargo/config.toml` says why).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
 #[command(
@@ -1056,4 +1057,14 @@ async fn demo(config: config::Config, site: &Path, stop: &CancellationToken) -> 
     status(&app).await?;
     app.close().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The one arena is built into jemalloc from `.cargo/config.toml` when it compiles: a build
+    /// that lost that setting would go back to four arenas a core, and to the memory they strand.
+    #[test]
+    fn the_allocator_has_one_arena() {
+        assert_eq!(tikv_jemalloc_ctl::opt::narenas::read().unwrap(), 1);
+    }
 }
