@@ -20,8 +20,8 @@
 //! writer's commit point, so by the time the run reads the column, that commit is either
 //! visible (commit_ts = ts < start_ts) or was rolled back. Several writes before a run collapse
 //! into it (their cells are all at or below `ts`); a write that commits later has a cell above
-//! `ts`, which the delete leaves, and so runs the observer again. A run that fails or conflicts
-//! deletes nothing: the notification stays to be run again.
+//! `ts`, which the delete leaves, and so runs the observer again. A run that fails (an observer
+//! that panics fails too) or conflicts deletes nothing: the notification stays to be run again.
 //!
 //! Alone ([`Engine::process`]), a committed run's delete rides on its commit's last call, and
 //! a run that commits nothing deletes at once. Under the workers every run leaves its delete
@@ -32,11 +32,13 @@
 //! start remembered in memory, or nothing to do again).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures::FutureExt;
 use perc_store::{
     Column, FamilySpec, Locality, Mutation, RowMutation, Scan, ScanCell, Store, Ts, TsRange,
 };
@@ -582,9 +584,23 @@ impl Engine {
             return Ok(Attempt::Unchanged);
         }
         counters.runs.fetch_add(1, Ordering::Relaxed);
-        let result = reg.observer.observe(&mut txn, &p.row, &p.column).await;
-        self.learn(reg, p, &txn);
-        result?;
+        // A panic in an observer (a bug, found by some page) fails this run as an error
+        // would: the transaction is dropped uncommitted, as a crash would leave it, and the
+        // notification backs off and is parked after `failures_max`. Unwinding through the
+        // worker instead would leave the run counted in flight and its notification marked
+        // running, and the workers would never go quiet.
+        let observed = AssertUnwindSafe(reg.observer.observe(&mut txn, &p.row, &p.column))
+            .catch_unwind()
+            .await;
+        match observed {
+            Ok(result) => {
+                self.learn(reg, p, &txn);
+                result?;
+            }
+            Err(panic) => {
+                return Err(ObserverError::Failed(format!("panicked: {}", panic_text(&*panic))));
+            }
+        }
         if txn.is_empty() {
             // The run found nothing to change: it commits nothing, not even its ack (a
             // transaction of two conditional mutations and a flush). A second run of the same
@@ -910,4 +926,13 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// What a panic said, for the parked record: its message if it had one.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }

@@ -510,6 +510,57 @@ fn failing_observer_is_parked_then_recovers() {
     });
 }
 
+/// An observer that panics on one row (a bug some page finds) fails that run as an error
+/// would, under the workers: the notification is parked with the panic's message, the other
+/// rows are indexed, and the workers go quiet. (A panic unwinding through a worker left its
+/// run counted in flight, and `wait` never returned.)
+#[test]
+fn a_panicking_observer_is_parked_and_the_workers_go_quiet() {
+    rt().block_on(async {
+        struct Fragile;
+        #[async_trait]
+        impl Observer for Fragile {
+            async fn observe(
+                &self,
+                txn: &mut Transaction,
+                row: &Bytes,
+                _c: &Bytes,
+            ) -> Result<(), ObserverError> {
+                if row.as_ref() == b"bad" {
+                    panic!("no title on this page");
+                }
+                txn.set(row.clone(), "ok", "yes");
+                Ok(())
+            }
+        }
+        let mut reg = Registry::new();
+        reg.register("fragile", "v", NotifyKind::Strong, Arc::new(Fragile)).unwrap();
+        let env = Env::new(Arc::new(MemStore::new(perc_notify::schema())), reg, false).await;
+        for row in ["bad", "good", "good2"] {
+            env.write(row, "v", "x").await;
+        }
+        let config = NotifyConfig {
+            failures_max: 1,
+            idle_ms: 5,
+            gc_interval_ms: 0,
+            ..NotifyConfig::default()
+        };
+        let engine = Arc::new(env.engine(config).await);
+        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        tokio::time::timeout(std::time::Duration::from_secs(60), workers.wait())
+            .await
+            .expect("the workers go quiet after a panic")
+            .unwrap();
+        let failed = engine.failed_list().await.unwrap();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0].detail, "fragile: panicked: no title on this page");
+        assert_eq!(env.read("good", "ok").await.unwrap(), "yes");
+        assert_eq!(env.read("good2", "ok").await.unwrap(), "yes");
+        assert_eq!(env.notify_cells().await, 0);
+        workers.shutdown().await;
+    });
+}
+
 /// A failed record as an older perc kept it: in the notified row, family `failed`.
 fn legacy_failed_record(row: &str, column: &str, detail: &str) -> perc_store::RowMutation {
     perc_store::RowMutation {
