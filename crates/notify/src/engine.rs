@@ -589,18 +589,12 @@ impl Engine {
         // notification backs off and is parked after `failures_max`. Unwinding through the
         // worker instead would leave the run counted in flight and its notification marked
         // running, and the workers would never go quiet.
-        let observed = AssertUnwindSafe(reg.observer.observe(&mut txn, &p.row, &p.column))
+        let result = AssertUnwindSafe(reg.observer.observe(&mut txn, &p.row, &p.column))
             .catch_unwind()
-            .await;
-        match observed {
-            Ok(result) => {
-                self.learn(reg, p, &txn);
-                result?;
-            }
-            Err(panic) => {
-                return Err(ObserverError::Failed(format!("panicked: {}", panic_text(&*panic))));
-            }
-        }
+            .await
+            .map_err(|panic| ObserverError::Failed(format!("panicked: {}", panic_text(&*panic))))?;
+        self.learn(reg, p, &txn);
+        result?;
         if txn.is_empty() {
             // The run found nothing to change: it commits nothing, not even its ack (a
             // transaction of two conditional mutations and a flush). A second run of the same
