@@ -59,6 +59,13 @@ impl Env {
         Engine::new(self.client().await, self.registry.clone(), config)
     }
 
+    /// An engine with its workers started on this runtime.
+    async fn workers(&self, config: NotifyConfig) -> (Arc<Engine>, Workers) {
+        let engine = Arc::new(self.engine(config).await);
+        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        (engine, workers)
+    }
+
     fn me(&self) -> &Client {
         self.me.as_ref().expect("set up in new")
     }
@@ -545,8 +552,7 @@ fn a_panicking_observer_is_parked_and_the_workers_go_quiet() {
             gc_interval_ms: 0,
             ..NotifyConfig::default()
         };
-        let engine = Arc::new(env.engine(config).await);
-        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        let (engine, workers) = env.workers(config).await;
         tokio::time::timeout(std::time::Duration::from_secs(60), workers.wait())
             .await
             .expect("the workers go quiet after a panic")
@@ -1050,8 +1056,7 @@ fn workers_run_the_chain_to_quiescence() {
             gc_interval_ms: 0,
             ..NotifyConfig::default()
         };
-        let engine = Arc::new(env.engine(config).await);
-        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        let (engine, workers) = env.workers(config).await;
         workers.wait().await.unwrap();
         for i in 0..ROWS {
             assert_eq!(env.read(&format!("row{i:04}"), "d").await.unwrap(), format!("x{i}|A|B|C"));
@@ -1085,8 +1090,7 @@ fn idle_scanners_back_off() {
             gc_interval_ms: 0,
             ..NotifyConfig::default()
         };
-        let engine = Arc::new(env.engine(config).await);
-        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        let (_engine, workers) = env.workers(config).await;
         workers.wait().await.unwrap();
         // Half a second with nothing to do. A scanner's looks are at least its pause apart
         // (nothing wakes it), so after the ramp (1, 2, 4, 8 ms) it looks at most once every
@@ -1163,8 +1167,7 @@ fn scanners_wait_for_news_while_runs_are_in_flight_and_lose_nothing() {
             gc_interval_ms: 0,
             ..NotifyConfig::default()
         };
-        let engine = Arc::new(env.engine(config).await);
-        let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
+        let (engine, workers) = env.workers(config).await;
         let bound = std::time::Duration::from_secs(20);
         tokio::time::timeout(bound, async {
             // Both gated runs in flight.
