@@ -31,8 +31,9 @@ impl Interceptor for Bearer {
     }
 }
 
-/// Creates `config.table` with the schema's families, or adds the families it lacks.
-pub async fn ensure_table(config: &BigtableConfig, schema: &Schema) -> Result<(), Error> {
+/// Creates `config.table` with the schema's families, or adds the families it lacks. Whether
+/// this call created the table.
+pub async fn ensure_table(config: &BigtableConfig, schema: &Schema) -> Result<bool, Error> {
     let (channel, bearer) = match &config.emulator {
         Some(addr) => {
             let channel = Channel::from_shared(format!("http://{addr}"))
@@ -76,7 +77,7 @@ pub async fn ensure_table(config: &BigtableConfig, schema: &Schema) -> Result<()
         initial_splits: vec![],
     };
     match admin.create_table(create).await {
-        Ok(_) => return Ok(()),
+        Ok(_) => return Ok(true),
         Err(s) if s.code() == Code::AlreadyExists => {}
         Err(s) if s.code() == Code::Unavailable => {
             return Err(Error::Unreachable(format!("creating table {name}: {}", s.message())))
@@ -94,7 +95,7 @@ pub async fn ensure_table(config: &BigtableConfig, schema: &Schema) -> Result<()
         .map(|(id, cf)| Modification { id, update_mask: None, r#mod: Some(Mod::Create(cf)) })
         .collect();
     if missing.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     tracing::info!(table = %name, families = missing.len(), "adding column families");
     admin
@@ -105,5 +106,5 @@ pub async fn ensure_table(config: &BigtableConfig, schema: &Schema) -> Result<()
         })
         .await
         .map_err(|s| Error::Rpc(format!("adding families to {name}: {}", s.message())))?;
-    Ok(())
+    Ok(false)
 }

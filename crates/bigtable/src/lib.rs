@@ -21,6 +21,10 @@
 //!                                 families, each cell handed to the scans it belongs to
 //!                                 (scans with a limit: one ReadRows each)
 //!   sync                          nothing: Bigtable acknowledges durable writes
+//!   a family of Locality::Own     a key range of its own ([`layout`]): a row's cells of it
+//!                                 are stored in another Bigtable row, so a scan of it reads
+//!                                 nothing else; a call that touches both kinds of family
+//!                                 names both rows in its one RPC
 //! ```
 //!
 //! Conditions: "no cell in N1..Nk" and "a cell at P1..Pj" both hold iff the predicate
@@ -35,7 +39,9 @@
 
 pub mod admin;
 pub mod emulator;
+pub mod layout;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -49,8 +55,11 @@ use bytes::Bytes;
 use futures::StreamExt;
 use perc_store::{
     validate_check_and_mutate, validate_reads, validate_row_mutation, Cell, ColumnRead, Condition,
-    Mutation, RowMutation, RowRead, Scan, ScanCell, Schema, Store, StoreError, Ts, TsRange,
+    Locality, Mutation, RowMutation, RowRead, Scan, ScanCell, Schema, Store, StoreError, Ts,
+    TsRange,
 };
+
+use layout::KeyRange;
 
 pub use emulator::Emulator;
 
@@ -103,6 +112,15 @@ const MUTATIONS_PER_CALL_MAX: usize = 100_000;
 /// Attempts for rows of a MutateRows call that fail.
 const MUTATE_ATTEMPTS: usize = 4;
 
+/// The layout's version, the value of its mark ([`layout::mark_key`]).
+const LAYOUT_VERSION: &[u8] = b"2";
+
+/// One stored row's mutations in a MutateRows call.
+struct Entry {
+    key: Vec<u8>,
+    mutations: Vec<BtMutation>,
+}
+
 pub struct BigtableStore {
     client: BigTable,
     table: String,
@@ -128,30 +146,30 @@ fn range(r: TsRange) -> TimestampRange {
     }
 }
 
-/// The scans' row ranges as disjoint ranges in row order (what one ReadRows reads once).
-fn disjoint_ranges(scans: &[Scan]) -> Vec<RowRange> {
-    let mut spans: Vec<(&Bytes, &Bytes)> = scans.iter().map(|s| (&s.start, &s.end)).collect();
-    spans.sort();
+/// Stored key ranges as disjoint ranges in key order (what one ReadRows reads once).
+fn disjoint_ranges(mut spans: Vec<KeyRange>) -> Vec<RowRange> {
+    spans.sort_by(|a, b| (&a.start, &a.end).cmp(&(&b.start, &b.end)));
     // An empty end is the end of the table: after every key.
-    let after = |a: &Bytes, b: &Bytes| b.is_empty() || (!a.is_empty() && a <= b);
-    let mut merged: Vec<(Bytes, Bytes)> = Vec::new();
-    for (start, end) in spans {
+    let after = |a: &[u8], b: &[u8]| b.is_empty() || (!a.is_empty() && a <= b);
+    let mut merged: Vec<KeyRange> = Vec::new();
+    for span in spans {
         match merged.last_mut() {
-            Some((_, last_end)) if last_end.is_empty() || start <= last_end => {
-                if !after(end, last_end) {
-                    *last_end = end.clone();
+            Some(last) if last.end.is_empty() || span.start <= last.end => {
+                if !after(&span.end, &last.end) {
+                    last.end = span.end;
                 }
             }
-            _ => merged.push((start.clone(), end.clone())),
+            _ => merged.push(span),
         }
     }
-    merged
-        .into_iter()
-        .map(|(start, end)| RowRange {
-            start_key: Some(row_range::StartKey::StartKeyClosed(start.to_vec())),
-            end_key: (!end.is_empty()).then(|| row_range::EndKey::EndKeyOpen(end.to_vec())),
-        })
-        .collect()
+    merged.into_iter().map(row_range).collect()
+}
+
+fn row_range(r: KeyRange) -> RowRange {
+    RowRange {
+        start_key: Some(row_range::StartKey::StartKeyClosed(r.start)),
+        end_key: (!r.end.is_empty()).then_some(row_range::EndKey::EndKeyOpen(r.end)),
+    }
 }
 
 fn filter(f: row_filter::Filter) -> RowFilter {
@@ -245,8 +263,22 @@ fn mutation(m: &Mutation) -> BtMutation {
 
 impl BigtableStore {
     /// Connects, creating the table and any missing column families first.
+    /// A table written by an older perc has its Own families' cells moved into their ranges
+    /// first ([`layout`]), once.
     pub async fn open(config: &BigtableConfig, schema: Schema) -> Result<BigtableStore, Error> {
-        admin::ensure_table(config, &schema).await?;
+        let prefix_max = perc_store::ROW_KEY_RESERVE - 3;
+        if let Some(f) = schema
+            .families()
+            .iter()
+            .find(|f| f.locality == Locality::Own && f.name.len() > prefix_max)
+        {
+            return Err(Error::Config(format!(
+                "column family {:?} has its own locality group, whose name may have at most \
+                 {prefix_max} bytes on Bigtable (it prefixes the family's row keys)",
+                f.name
+            )));
+        }
+        let created = admin::ensure_table(config, &schema).await?;
         let timeout = Some(Duration::from_millis(config.timeout_ms));
         let channels = config.channels.max(1);
         let mut connection = match &config.emulator {
@@ -270,7 +302,140 @@ impl BigtableStore {
         });
         let client = connection.client();
         let table = client.get_full_table_name(&config.table);
-        Ok(BigtableStore { client, table, schema })
+        let store = BigtableStore { client, table, schema };
+        store.settle_layout(created).await?;
+        Ok(store)
+    }
+
+    /// Where `row`'s cells of `family` are stored.
+    fn key_of(&self, family: &str, row: &[u8]) -> Vec<u8> {
+        match self.schema.locality(family) {
+            Ok(Locality::Own) => layout::own_key(family, row),
+            _ => layout::row_key(row),
+        }
+    }
+
+    /// The stored rows that `reads` of `row` touch, in key order.
+    fn read_keys(&self, row: &[u8], reads: &[ColumnRead]) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> =
+            reads.iter().map(|r| self.key_of(r.column.family, row)).collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    /// Where a scan of `family` over perc rows `start..end` reads.
+    fn scan_ranges(
+        &self,
+        family: &str,
+        start: &[u8],
+        end: &[u8],
+    ) -> perc_store::Result<Vec<KeyRange>> {
+        Ok(match self.schema.locality(family)? {
+            Locality::Own => vec![layout::own_range(family, start, end)],
+            Locality::Row => layout::row_ranges(start, end),
+        })
+    }
+
+    /// Makes sure the table is in this version's layout: a table this process created is
+    /// marked; a table without the mark, written by an older perc, has every Own family's
+    /// cells moved from their rows into the family's range, then is marked. Moving twice (two
+    /// processes starting at once, or a start after a crash in the middle) only writes the
+    /// same cells again.
+    async fn settle_layout(&self, created: bool) -> Result<(), Error> {
+        let Some(marker) = self.schema.families().first().map(|f| f.name) else {
+            return Ok(());
+        };
+        if !created {
+            let rows = RowSet { row_keys: vec![layout::mark_key()], row_ranges: vec![] };
+            let got = self
+                .read(rows, filter(row_filter::Filter::PassAllFilter(true)))
+                .await
+                .map_err(|e| Error::Rpc(e.to_string()))?;
+            if got.iter().any(|(_, cells)| !cells.is_empty()) {
+                return Ok(());
+            }
+            for family in self.schema.families().iter().filter(|f| f.locality == Locality::Own) {
+                self.move_own_family(family.name).await.map_err(|e| Error::Rpc(e.to_string()))?;
+            }
+        }
+        let mark = Entry {
+            key: layout::mark_key(),
+            mutations: vec![BtMutation {
+                mutation: Some(mutation::Mutation::SetCell(mutation::SetCell {
+                    family_name: marker.to_string(),
+                    column_qualifier: b"layout".to_vec(),
+                    timestamp_micros: 0,
+                    value: LAYOUT_VERSION.to_vec(),
+                })),
+            }],
+        };
+        self.mutate_entries(vec![mark]).await.map_err(|e| Error::Rpc(e.to_string()))
+    }
+
+    /// Moves `family`'s cells from the rows of an older layout into its own range: each
+    /// batch's cells are written there first, then deleted where they were.
+    async fn move_own_family(&self, family: &str) -> perc_store::Result<()> {
+        const BATCH_ROWS: usize = 1000;
+        let mut start: Vec<u8> = Vec::new();
+        let mut moved = 0usize;
+        loop {
+            let req = ReadRowsRequest {
+                table_name: self.table.clone(),
+                rows: Some(RowSet {
+                    row_keys: vec![],
+                    // The older layout's rows never start with FF.
+                    row_ranges: vec![row_range(KeyRange { start: start.clone(), end: vec![0xFF] })],
+                }),
+                filter: Some(filter(row_filter::Filter::FamilyNameRegexFilter(format!(
+                    "^{family}$"
+                )))),
+                rows_limit: BATCH_ROWS as i64,
+                ..ReadRowsRequest::default()
+            };
+            let got = self.client().read_rows(req).await.map_err(|e| rpc("ReadRows", e))?;
+            let (puts, deletes): (Vec<Entry>, Vec<Entry>) = got
+                .iter()
+                .map(|(row, cells)| {
+                    let put = Entry {
+                        key: layout::own_key(family, row),
+                        mutations: cells
+                            .iter()
+                            .map(|c| BtMutation {
+                                mutation: Some(mutation::Mutation::SetCell(mutation::SetCell {
+                                    family_name: family.to_string(),
+                                    column_qualifier: c.qualifier.clone(),
+                                    timestamp_micros: c.timestamp_micros,
+                                    value: c.value.clone(),
+                                })),
+                            })
+                            .collect(),
+                    };
+                    let delete = Entry {
+                        key: row.clone(),
+                        mutations: vec![BtMutation {
+                            mutation: Some(mutation::Mutation::DeleteFromFamily(
+                                mutation::DeleteFromFamily { family_name: family.to_string() },
+                            )),
+                        }],
+                    };
+                    (put, delete)
+                })
+                .unzip();
+            self.mutate_entries(puts).await?;
+            self.mutate_entries(deletes).await?;
+            moved += got.len();
+            match got.last() {
+                Some((last, _)) if got.len() == BATCH_ROWS => {
+                    start = [last.as_slice(), &[0]].concat()
+                }
+                _ => break,
+            }
+        }
+        if moved > 0 {
+            tracing::info!(family, rows = moved, "moved a family into its own key range");
+        }
+        Ok(())
     }
 
     fn client(&self) -> BigTable {
@@ -332,9 +497,9 @@ impl Store for BigtableStore {
         if reads.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = RowSet { row_keys: vec![row.to_vec()], row_ranges: vec![] };
-        let cells = self.read(rows, reads_filter(reads)).await?.into_iter().next();
-        demux(cells.map(|(_, c)| c).unwrap_or_default(), reads.len())
+        let rows = RowSet { row_keys: self.read_keys(row, reads), row_ranges: vec![] };
+        let got = self.read(rows, reads_filter(reads)).await?;
+        demux(got.into_iter().flat_map(|(_, cells)| cells).collect(), reads.len())
     }
 
     async fn read_rows(&self, rows: &[RowRead]) -> perc_store::Result<Vec<Vec<Vec<Cell>>>> {
@@ -345,15 +510,22 @@ impl Store for BigtableStore {
             && rows.iter().all(|r| r.reads == rows[0].reads)
             && !rows[0].reads.is_empty()
         {
-            let mut keys: Vec<Vec<u8>> = rows.iter().map(|r| r.row.to_vec()).collect();
+            let mut keys: Vec<Vec<u8>> =
+                rows.iter().flat_map(|r| self.read_keys(&r.row, &r.reads)).collect();
             keys.sort();
             keys.dedup();
             let set = RowSet { row_keys: keys, row_ranges: vec![] };
             let n = rows[0].reads.len();
             let got = self.read(set, reads_filter(&rows[0].reads)).await?;
-            let mut by_row = std::collections::HashMap::with_capacity(got.len());
+            // A row's cells of Row and of Own families come back under different keys.
+            let mut cells_of: HashMap<Bytes, Vec<RowCell>> = HashMap::with_capacity(got.len());
             for (key, cells) in got {
-                by_row.insert(key, demux(cells, n)?);
+                let row = layout::perc_row(&key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
+                cells_of.entry(row).or_default().extend(cells);
+            }
+            let mut by_row = HashMap::with_capacity(cells_of.len());
+            for (row, cells) in cells_of {
+                by_row.insert(row, demux(cells, n)?);
             }
             let out = rows
                 .iter()
@@ -419,7 +591,7 @@ impl Store for BigtableStore {
             if apply_if_matched { (ours, vec![]) } else { (vec![], ours) };
         let req = CheckAndMutateRowRequest {
             table_name: self.table.clone(),
-            row_key: row.to_vec(),
+            row_key: layout::row_key(row),
             predicate_filter: Some(predicate),
             true_mutations,
             false_mutations,
@@ -442,21 +614,20 @@ impl Store for BigtableStore {
         for rm in rows {
             validate_row_mutation(&self.schema, rm)?;
         }
-        let mut batch: Vec<&RowMutation> = Vec::new();
-        let mut count = 0;
-        for rm in rows.iter().filter(|rm| !rm.mutations.is_empty()) {
-            if count + rm.mutations.len() > MUTATIONS_PER_CALL_MAX && !batch.is_empty() {
-                self.mutate_batch(&batch).await?;
-                batch.clear();
-                count = 0;
+        // A row's mutations of Own families go to their rows: one entry per stored row, in
+        // the order the row's mutations came.
+        let mut entries: Vec<Entry> = Vec::new();
+        for rm in rows {
+            let first = entries.len();
+            for m in &rm.mutations {
+                let key = self.key_of(m.column().family, &rm.row);
+                match entries[first..].iter_mut().find(|e| e.key == key) {
+                    Some(e) => e.mutations.push(mutation(m)),
+                    None => entries.push(Entry { key, mutations: vec![mutation(m)] }),
+                }
             }
-            count += rm.mutations.len();
-            batch.push(rm);
         }
-        if !batch.is_empty() {
-            self.mutate_batch(&batch).await?;
-        }
-        Ok(())
+        self.mutate_entries(entries).await
     }
 
     async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<ScanCell>> {
@@ -464,25 +635,23 @@ impl Store for BigtableStore {
         if scan.limit == 0 {
             return Ok(Vec::new());
         }
-        let range = RowRange {
-            start_key: Some(row_range::StartKey::StartKeyClosed(scan.start.to_vec())),
-            end_key: (!scan.end.is_empty())
-                .then(|| row_range::EndKey::EndKeyOpen(scan.end.to_vec())),
-        };
+        let ranges = self.scan_ranges(scan.family, &scan.start, &scan.end)?;
         let req = ReadRowsRequest {
             table_name: self.table.clone(),
-            rows: Some(RowSet { row_keys: vec![], row_ranges: vec![range] }),
+            rows: Some(RowSet { row_keys: vec![], row_ranges: disjoint_ranges(ranges) }),
             filter: Some(filter(row_filter::Filter::FamilyNameRegexFilter(format!(
                 "^{}$",
                 scan.family
             )))),
+            // Every row read yields a cell at least: `limit` rows hold `limit` cells.
+            rows_limit: i64::try_from(scan.limit).unwrap_or(0),
             ..ReadRowsRequest::default()
         };
         let mut stream = self.client().stream_rows(req).await.map_err(|e| rpc("ReadRows", e))?;
         let mut out = Vec::new();
         while let Some(next) = stream.next().await {
-            let (row, cells) = next.map_err(|e| rpc("ReadRows", e))?;
-            let row = Bytes::from(row);
+            let (key, cells) = next.map_err(|e| rpc("ReadRows", e))?;
+            let row = layout::perc_row(&key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
             for c in cells {
                 out.push(ScanCell {
                     row: row.clone(),
@@ -507,15 +676,16 @@ impl Store for BigtableStore {
             return Ok(out);
         }
         let mut families: Vec<&str> = Vec::new();
+        let mut ranges = Vec::new();
         for scan in scans {
-            self.schema.locality(scan.family)?;
+            ranges.extend(self.scan_ranges(scan.family, &scan.start, &scan.end)?);
             if !families.contains(&scan.family) {
                 families.push(scan.family);
             }
         }
         let req = ReadRowsRequest {
             table_name: self.table.clone(),
-            rows: Some(RowSet { row_keys: vec![], row_ranges: disjoint_ranges(scans) }),
+            rows: Some(RowSet { row_keys: vec![], row_ranges: disjoint_ranges(ranges) }),
             filter: Some(filter(row_filter::Filter::FamilyNameRegexFilter(format!(
                 "^({})$",
                 families.join("|")
@@ -525,8 +695,8 @@ impl Store for BigtableStore {
         let mut stream = self.client().stream_rows(req).await.map_err(|e| rpc("ReadRows", e))?;
         let mut out: Vec<Vec<ScanCell>> = vec![Vec::new(); scans.len()];
         while let Some(next) = stream.next().await {
-            let (row, cells) = next.map_err(|e| rpc("ReadRows", e))?;
-            let row = Bytes::from(row);
+            let (key, cells) = next.map_err(|e| rpc("ReadRows", e))?;
+            let row = layout::perc_row(&key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
             let within = |s: &Scan| row >= s.start && (s.end.is_empty() || row < s.end);
             let mine: Vec<usize> = (0..scans.len()).filter(|&i| within(&scans[i])).collect();
             for c in cells {
@@ -550,19 +720,37 @@ impl Store for BigtableStore {
 }
 
 impl BigtableStore {
+    /// Entries in as few MutateRows calls as Bigtable's limit of mutations a call allows.
+    async fn mutate_entries(&self, entries: Vec<Entry>) -> perc_store::Result<()> {
+        let mut batch: Vec<Entry> = Vec::new();
+        let mut count = 0;
+        for e in entries.into_iter().filter(|e| !e.mutations.is_empty()) {
+            if count + e.mutations.len() > MUTATIONS_PER_CALL_MAX && !batch.is_empty() {
+                self.mutate_batch(&std::mem::take(&mut batch)).await?;
+                count = 0;
+            }
+            count += e.mutations.len();
+            batch.push(e);
+        }
+        if !batch.is_empty() {
+            self.mutate_batch(&batch).await?;
+        }
+        Ok(())
+    }
+
     /// One MutateRows call; rows that fail are sent again (puts at explicit timestamps and
     /// deletes are idempotent), a few times, then the call fails naming the first such row.
-    async fn mutate_batch(&self, rows: &[&RowMutation]) -> perc_store::Result<()> {
-        let mut pending: Vec<&RowMutation> = rows.to_vec();
+    async fn mutate_batch(&self, rows: &[Entry]) -> perc_store::Result<()> {
+        let mut pending: Vec<&Entry> = rows.iter().collect();
         let mut last_error = String::new();
         for _ in 0..MUTATE_ATTEMPTS {
             let req = MutateRowsRequest {
                 table_name: self.table.clone(),
                 entries: pending
                     .iter()
-                    .map(|rm| bigtable_rs::google::bigtable::v2::mutate_rows_request::Entry {
-                        row_key: rm.row.to_vec(),
-                        mutations: rm.mutations.iter().map(mutation).collect(),
+                    .map(|e| bigtable_rs::google::bigtable::v2::mutate_rows_request::Entry {
+                        row_key: e.key.clone(),
+                        mutations: e.mutations.clone(),
                         ..Default::default()
                     })
                     .collect(),
@@ -580,10 +768,10 @@ impl BigtableStore {
                                         *f = !ok;
                                     }
                                     if let Some(s) = e.status.filter(|s| s.code != 0) {
-                                        last_error = format!(
-                                            "row {:?}: code {} {}",
-                                            pending[e.index as usize].row, s.code, s.message
-                                        );
+                                        let key = &pending[e.index as usize].key;
+                                        let row = layout::perc_row(key).unwrap_or_default();
+                                        last_error =
+                                            format!("row {row:?}: code {} {}", s.code, s.message);
                                     }
                                 }
                             }

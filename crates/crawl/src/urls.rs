@@ -11,7 +11,7 @@
 //! Length: a URL longer than [`URL_BYTES_MAX`] is not kept (SPEC §6.1 asks for at least
 //! 2 KiB; 2048 bytes is the sitemaps.org limit, and what browsers and search engines reliably
 //! handle). Row keys that hold two URLs (an edge: target and source) must fit the store's
-//! 4096-byte key limit, so a link is also dropped when it and its page together exceed
+//! 4080-byte key limit, so a link is also dropped when it and its page together exceed
 //! [`PAIR_BYTES_MAX`]; both need URLs near the limit.
 //!
 //! Scope: by default the origins (scheme, host, port) of the seeds; configured prefixes narrow
@@ -25,9 +25,10 @@ use url::Url;
 /// The longest URL perc keeps, in bytes of its serialized form.
 pub const URL_BYTES_MAX: usize = 2048;
 
-/// The most bytes two URLs sharing one row key may have together (4096, the store's key
-/// limit, less the 3 bytes of a two-URL key's prefix and separator, `e:<target>\0<source>`).
-pub const PAIR_BYTES_MAX: usize = 4093;
+/// The most bytes two URLs sharing one row key may have together: the store's key limit
+/// (`perc_store::ROW_KEY_BYTES_MAX`, 4080) less the 3 bytes of a two-URL key's prefix and
+/// separator, `e:<target>\0<source>`.
+pub const PAIR_BYTES_MAX: usize = 4077;
 
 /// Parses an absolute URL into perc's form, or says why it is not one. Userinfo is removed
 /// ([`had_userinfo`] tells whether there was any).
@@ -246,7 +247,8 @@ mod tests {
         let sized = |c: &str, n: usize| {
             normalize(&format!("http://h.test/{}", c.repeat(n - "http://h.test/".len()))).unwrap()
         };
-        assert!(link_fits(&sized("a", 2040), &sized("b", 2040)));
+        assert!(link_fits(&sized("a", 2038), &sized("b", 2039)));
+        assert!(!link_fits(&sized("a", 2039), &sized("b", 2039)));
         assert!(link_fits(&base, &sized("b", URL_BYTES_MAX)));
         assert!(!link_fits(&sized("a", URL_BYTES_MAX), &sized("b", URL_BYTES_MAX)));
     }

@@ -383,7 +383,7 @@ pub async fn limits_refused_nothing_stored(s: Arc<dyn Store>) {
     let long_row = vec![b'x'; crate::ROW_KEY_BYTES_MAX + 1];
     let cases: Vec<(Vec<u8>, Mutation, &str)> = vec![
         (Vec::new(), put(&c, 2, "x"), "row key is empty"),
-        (long_row, put(&c, 2, "x"), "exceeds the 4096-byte limit"),
+        (long_row, put(&c, 2, "x"), "exceeds the 4080-byte limit"),
         (
             b"r".to_vec(),
             put(&Column::new("nosuch", "q"), 2, "x"),

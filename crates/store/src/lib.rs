@@ -273,8 +273,11 @@ pub struct ScanCell {
 }
 
 /// Limits that Cloud Bigtable enforces; every backend enforces them, so that moving to
-/// Bigtable cannot surprise.
-pub const ROW_KEY_BYTES_MAX: usize = 4 * 1024;
+/// Bigtable cannot surprise. A row key may have Bigtable's 4 KiB less [`ROW_KEY_RESERVE`].
+pub const ROW_KEY_BYTES_MAX: usize = 4 * 1024 - ROW_KEY_RESERVE;
+/// Bytes of Bigtable's row key kept for a backend's own prefix: the Bigtable backend stores a
+/// row's cells of a [`Locality::Own`] family under `FF 00 <family> 00 <row>`.
+pub const ROW_KEY_RESERVE: usize = 16;
 pub const QUALIFIER_BYTES_MAX: usize = 16 * 1024;
 pub const VALUE_BYTES_MAX: usize = 100 * 1024 * 1024;
 

@@ -255,3 +255,15 @@ pub fn parse_simhash(hex: &[u8]) -> Option<u64> {
 }
 
 pub const CONFIG_ROW: &[u8] = b"m:config";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_edge_of_two_urls_at_the_pair_limit_fits_the_store_key_limit() {
+        let target = "t".repeat(perc_crawl::urls::PAIR_BYTES_MAX / 2);
+        let source = "s".repeat(perc_crawl::urls::PAIR_BYTES_MAX - target.len());
+        assert_eq!(edge(&target, &source).len(), perc_store::ROW_KEY_BYTES_MAX);
+    }
+}
