@@ -461,7 +461,18 @@ impl Engine {
         let mut attempt = 0;
         loop {
             let started = Instant::now();
-            match self.run_once(reg, p, counters, clear, None, commit_by).await {
+            // A panic in the run (a bug, in the observer or beneath it) fails the run as an
+            // error would: its transaction is dropped uncommitted, as a crash would leave it,
+            // and the notification backs off and is parked after `failures_max`. Unwinding
+            // through the worker instead would leave the run counted in flight and its
+            // notification marked running, and the workers would never go quiet.
+            let run = AssertUnwindSafe(self.run_once(reg, p, counters, clear, None, commit_by))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    Err(ObserverError::Failed(format!("panicked: {}", panic_text(&*panic))))
+                });
+            match run {
                 Ok(done) => {
                     let ran = done != Attempt::Unchanged;
                     match done {
@@ -584,15 +595,7 @@ impl Engine {
             return Ok(Attempt::Unchanged);
         }
         counters.runs.fetch_add(1, Ordering::Relaxed);
-        // A panic in an observer (a bug, found by some page) fails this run as an error
-        // would: the transaction is dropped uncommitted, as a crash would leave it, and the
-        // notification backs off and is parked after `failures_max`. Unwinding through the
-        // worker instead would leave the run counted in flight and its notification marked
-        // running, and the workers would never go quiet.
-        let result = AssertUnwindSafe(reg.observer.observe(&mut txn, &p.row, &p.column))
-            .catch_unwind()
-            .await
-            .map_err(|panic| ObserverError::Failed(format!("panicked: {}", panic_text(&*panic))))?;
+        let result = reg.observer.observe(&mut txn, &p.row, &p.column).await;
         self.learn(reg, p, &txn);
         result?;
         if txn.is_empty() {

@@ -567,6 +567,64 @@ fn a_panicking_observer_is_parked_and_the_workers_go_quiet() {
     });
 }
 
+/// A panic elsewhere in a run than in the observer (here in its commit's store call, as a bug
+/// in the transaction layer would panic) fails the run as an error would, too: the
+/// notification is parked, the other rows are indexed, and the workers go quiet.
+#[test]
+fn a_panic_in_a_runs_commit_is_parked_and_the_workers_go_quiet() {
+    rt().block_on(async {
+        struct Echo;
+        #[async_trait]
+        impl Observer for Echo {
+            async fn observe(
+                &self,
+                txn: &mut Transaction,
+                row: &Bytes,
+                _c: &Bytes,
+            ) -> Result<(), ObserverError> {
+                let out = format!("{}-out", String::from_utf8_lossy(row));
+                txn.set(out, "ok", "yes");
+                Ok(())
+            }
+        }
+        /// Panics in the store call that prewrites `bad-out`.
+        struct Boom;
+        #[async_trait]
+        impl Hook for Boom {
+            async fn before(&self, call: Call<'_>) {
+                if matches!(call, Call::CheckAndMutate(row) if row == b"bad-out") {
+                    panic!("the prewrite of bad-out broke");
+                }
+            }
+        }
+        let mut reg = Registry::new();
+        reg.register("echo", "v", NotifyKind::Strong, Arc::new(Echo)).unwrap();
+        let store = Arc::new(Hooked::new(MemStore::new(perc_notify::schema()), Boom));
+        let env = Env::new(store, reg, false).await;
+        for row in ["bad", "good", "good2"] {
+            env.write(row, "v", "x").await;
+        }
+        let config = NotifyConfig {
+            failures_max: 1,
+            idle_ms: 5,
+            gc_interval_ms: 0,
+            ..NotifyConfig::default()
+        };
+        let (engine, workers) = env.workers(config).await;
+        tokio::time::timeout(std::time::Duration::from_secs(60), workers.wait())
+            .await
+            .expect("the workers go quiet after a panic")
+            .unwrap();
+        let failed = engine.failed_list().await.unwrap();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0].detail, "echo: panicked: the prewrite of bad-out broke");
+        assert_eq!(env.read("good-out", "ok").await.unwrap(), "yes");
+        assert_eq!(env.read("good2-out", "ok").await.unwrap(), "yes");
+        assert_eq!(env.notify_cells().await, 0);
+        workers.shutdown().await;
+    });
+}
+
 /// A failed record as an older perc kept it: in the notified row, family `failed`.
 fn legacy_failed_record(row: &str, column: &str, detail: &str) -> perc_store::RowMutation {
     perc_store::RowMutation {
