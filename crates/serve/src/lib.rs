@@ -17,7 +17,7 @@ use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::rejection::BytesRejection;
@@ -57,6 +57,41 @@ struct Served {
     /// The write endpoints' token (its hash: compared in constant time); none: writes are
     /// refused.
     token: Option<blake3::Hash>,
+    /// The last status read ([`Served::read_status`]); held while a read is under way, so
+    /// the requests that come meanwhile wait for the next one instead of reading too.
+    last_status: tokio::sync::Mutex<Option<StatusRead>>,
+}
+
+/// A status read: when it ran, and what it found.
+struct StatusRead {
+    ran: Span,
+    status: perc_pipeline::Status,
+}
+
+/// When a status read started and ended.
+struct Span {
+    started: Instant,
+    ended: Instant,
+}
+
+/// A status read that took T answers the requests of the next `STATUS_REUSE` × T as well,
+/// once T is over [`STATUS_REUSE_FROM`]: however many clients poll (a status page asks every
+/// [`STATUS_POLL_MS`], a metrics scraper, scripts), a server spends at most a fifth of its
+/// time reading its status.
+const STATUS_REUSE: u32 = 4;
+/// Reads quicker than this are never reused but by requests that came while they ran: on a
+/// small store every status is fresh.
+const STATUS_REUSE_FROM: Duration = Duration::from_millis(100);
+
+impl Span {
+    /// Whether this read may answer a request that came at `arrived`: it started after the
+    /// request came (it is as fresh as a read of its own), or it was slow and is recent.
+    fn answers(&self, arrived: Instant, now: Instant) -> bool {
+        let took = self.ended.saturating_duration_since(self.started);
+        self.started >= arrived
+            || (took >= STATUS_REUSE_FROM
+                && now.saturating_duration_since(self.ended) < took * STATUS_REUSE)
+    }
 }
 
 /// The write endpoints' token: `serve.token`, else the one in `DATA/serve.token`, made
@@ -142,6 +177,7 @@ pub async fn run(
         rates: Default::default(),
         query_bytes_max: usize::try_from(config.body_bytes_max).unwrap_or(usize::MAX),
         token: token.map(|t| blake3::hash(t.as_bytes())),
+        last_status: tokio::sync::Mutex::new(None),
     });
     let router = router(state.clone(), config);
     let shutdown = stop.clone();
@@ -408,6 +444,23 @@ impl From<PipelineError> for ApiError {
 }
 
 impl Served {
+    /// `perc status`'s read for the status endpoints: one at a time, and a slow one reused
+    /// for a while ([`STATUS_REUSE`]). On a big store the read scans every page row and the
+    /// lock and lease families (seconds: docs/benchmarks.md, "session 15"); without this,
+    /// a status page polling every 2 s would keep reads piling up on each other.
+    async fn read_status(&self) -> Result<perc_pipeline::Status, ApiError> {
+        let arrived = Instant::now();
+        let mut last = self.last_status.lock().await;
+        if let Some(read) = last.as_ref().filter(|r| r.ran.answers(arrived, Instant::now())) {
+            return Ok(read.status.clone());
+        }
+        let started = Instant::now();
+        let status = status_off_the_api(&self.app).await?;
+        let ran = Span { started, ended: Instant::now() };
+        *last = Some(StatusRead { ran, status: status.clone() });
+        Ok(status)
+    }
+
     /// `/v1/status`'s JSON: `perc status`'s, and what a server knows besides: the search
     /// index's documents, the recrawl's lag and next URLs, each host's politeness state,
     /// the fetch and parse rates of the last minutes.
@@ -680,7 +733,7 @@ const STATUS_POLL_MS: u64 = 2_000;
 /// rendered here, and a small script that asks `/v1/status` every [`STATUS_POLL_MS`] and
 /// redraws them, the chart and the tables.
 async fn page_of_status(State(s): State<Arc<Served>>) -> Answer {
-    let st = status_off_the_api(&s.app).await?;
+    let st = s.read_status().await?;
     let (lag_ms, _) = s.app.recrawl_queue(1).await?;
     let documents = s.search.as_ref().map_or_else(|| "off".to_string(), |i| i.len().to_string());
     let html = STATUS_PAGE
@@ -703,7 +756,7 @@ fn escape(raw: &str) -> String {
 
 /// `GET /metrics`: Prometheus text (see [`metrics`]).
 async fn scrape(State(s): State<Arc<Served>>) -> Answer {
-    let status = status_off_the_api(&s.app).await?;
+    let status = s.read_status().await?;
     let text = metrics::render(&s.app, status, s.search.as_deref()).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
@@ -721,7 +774,7 @@ async fn status(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
             ))
         }
     };
-    let status = status_off_the_api(&s.app).await?;
+    let status = s.read_status().await?;
     if text {
         let text = status.to_text();
         return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response());
@@ -767,4 +820,30 @@ async fn wrong_method(method: axum::http::Method, uri: Uri) -> ApiError {
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{method} is not allowed on {}", uri.path()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(started_ms: u64, took_ms: u64, base: Instant) -> Span {
+        let started = base + Duration::from_millis(started_ms);
+        Span { started, ended: started + Duration::from_millis(took_ms) }
+    }
+
+    #[test]
+    fn a_status_read_answers_who_came_before_it_and_a_slow_one_a_while_longer() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // A quick read answers only the requests that came before it started.
+        let quick = read(1_000, 5, t0);
+        assert!(quick.answers(at(900), at(1_010)));
+        assert!(quick.answers(at(1_000), at(1_010)));
+        assert!(!quick.answers(at(1_001), at(1_006)));
+        // A read of 2 s answers for 8 s after it ended, not longer.
+        let slow = read(1_000, 2_000, t0);
+        assert!(slow.answers(at(3_500), at(3_500)));
+        assert!(slow.answers(at(10_999), at(10_999)));
+        assert!(!slow.answers(at(11_000), at(11_000)));
+    }
 }
