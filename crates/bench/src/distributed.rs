@@ -62,7 +62,7 @@ async fn oracle_rates(t: &mut Table, scale: f64) -> Result<()> {
 }
 
 /// CPU seconds (user + system) process `pid` has used so far; 0 where /proc is not there.
-fn cpu_seconds(pid: u32) -> f64 {
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
     let rest = stat.rsplit(')').next().unwrap_or_default();

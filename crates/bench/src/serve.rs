@@ -2,7 +2,8 @@
 //! of their own, as a user runs them: the API's latency with 64 concurrent clients asking
 //! `canonical` and `search` on loopback while a synthetic site is crawled, the crawl's rate
 //! with and without those clients, and freshness: how long after a page of the demo site
-//! changes the API shows it, with a 1-second minimum revisit interval.
+//! changes the API shows it, with a 1-second minimum revisit interval; and status pages
+//! polling a server whose store holds 20,000 pages.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -47,6 +48,7 @@ pub fn run(scale: f64) -> Result<()> {
     let loaded = rt.block_on(crawl(&perc, &at("loaded"), &urls, CLIENTS, None, want))?;
     let paced = rt.block_on(crawl(&perc, &at("paced"), &urls, CLIENTS, Some(PACE), want))?;
     let fresh = rt.block_on(freshness(&perc, tmp.path()))?;
+    let polled = rt.block_on(status_polling(&perc, tmp.path(), scaled(20_000, scale)))?;
 
     let mut t = Table::new();
     t.add("synthetic site", format!("{pages} pages"), "perc-synth, seed 11, served on loopback");
@@ -88,8 +90,95 @@ pub fn run(scale: f64) -> Result<()> {
             format!("{CHANGES} changes of the demo site; recrawl 1-2 s; goal p50 ≤ 2 s"),
         );
     }
-    t.print("perc serve: API latency under load, crawl rate, freshness");
+    t.add(
+        format!("one GET /v1/status, {} pages", polled.pages),
+        format!("{:.2} s", polled.first),
+        "a store of a replayed perc-synth web (seed 11), search off; the read scans every page row",
+    );
+    t.add(
+        format!("GET /v1/status, {POLLERS} pollers each every 2 s for {POLL_SECS} s"),
+        format!(
+            "p50 {:.2} s, max {:.2} s",
+            pct(&polled.answers, 50.0),
+            pct(&polled.answers, 100.0)
+        ),
+        format!(
+            "{} answers, {} failed; the server used {:.2} cores (as {POLLERS} open status pages)",
+            polled.answers.len(),
+            polled.failed,
+            polled.cores
+        ),
+    );
+    t.print("perc serve: API latency under load, crawl rate, freshness, status polling");
     Ok(())
+}
+
+/// Status pages open on one server: each asks `/v1/status` every 2 s.
+const POLLERS: usize = 4;
+/// For this long.
+const POLL_SECS: u64 = 30;
+
+struct Polled {
+    pages: u64,
+    first: f64,
+    answers: Vec<f64>,
+    failed: usize,
+    cores: f64,
+}
+
+/// Replays `pages` pages of a synthetic web into a store, serves it (search off: no
+/// indexing besides), times one `/v1/status`, then [`POLLERS`] clients each asking every
+/// 2 s, and the server's CPU meanwhile.
+async fn status_polling(perc: &Path, tmp: &Path, pages: u64) -> Result<Polled> {
+    let warc = tmp.join("polled.warc.gz");
+    let data = tmp.join("polled");
+    let run = |args: &[&std::ffi::OsStr]| -> Result<()> {
+        let out = Command::new(perc).args(args).stdout(Stdio::null()).output()?;
+        if !out.status.success() {
+            bail!("perc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    let n = pages.to_string();
+    let os = std::ffi::OsStr::new;
+    run(&[
+        os("generate"),
+        os("--pages"),
+        os(&n),
+        os("--seed"),
+        os("11"),
+        os("--warc"),
+        warc.as_os_str(),
+    ])?;
+    run(&[os("--data"), data.as_os_str(), os("replay"), warc.as_os_str()])?;
+    let served = Served::start(perc, &data, &["search.enabled=false"], None)?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(600)).build()?;
+    let t = Instant::now();
+    status(&http, &served.base).await?;
+    let first = t.elapsed().as_secs_f64();
+    let cpu = || crate::distributed::cpu_seconds(served.child.id());
+    let (cpu_before, start) = (cpu(), Instant::now());
+    let until = start + Duration::from_secs(POLL_SECS);
+    let polls = (0..POLLERS).map(|_| {
+        let (http, base) = (http.clone(), served.base.clone());
+        async move {
+            let (mut answers, mut failed) = (Vec::new(), 0);
+            while Instant::now() < until {
+                let t = Instant::now();
+                match status(&http, &base).await {
+                    Ok(_) => answers.push(t.elapsed().as_secs_f64()),
+                    Err(_) => failed += 1,
+                }
+                tokio::time::sleep(Duration::from_secs(2).saturating_sub(t.elapsed())).await;
+            }
+            (answers, failed)
+        }
+    });
+    let done = futures::future::join_all(polls).await;
+    let cores = (cpu() - cpu_before) / start.elapsed().as_secs_f64();
+    let failed = done.iter().map(|(_, f)| f).sum();
+    let answers = done.into_iter().flat_map(|(a, _)| a).collect();
+    Ok(Polled { pages, first, answers, failed, cores })
 }
 
 /// The perc binary beside this one (`make bench` builds both).
