@@ -543,28 +543,32 @@ fn a_panicking_observer_is_parked_and_the_workers_go_quiet() {
         let mut reg = Registry::new();
         reg.register("fragile", "v", NotifyKind::Strong, Arc::new(Fragile)).unwrap();
         let env = Env::new(Arc::new(MemStore::new(perc_notify::schema())), reg, false).await;
-        for row in ["bad", "good", "good2"] {
-            env.write(row, "v", "x").await;
-        }
-        let config = NotifyConfig {
-            failures_max: 1,
-            idle_ms: 5,
-            gc_interval_ms: 0,
-            ..NotifyConfig::default()
-        };
-        let (engine, workers) = env.workers(config).await;
-        tokio::time::timeout(std::time::Duration::from_secs(60), workers.wait())
-            .await
-            .expect("the workers go quiet after a panic")
-            .unwrap();
-        let failed = engine.failed_list().await.unwrap();
-        assert_eq!(failed.len(), 1, "{failed:?}");
-        assert_eq!(failed[0].detail, "fragile: panicked: no title on this page");
-        assert_eq!(env.read("good", "ok").await.unwrap(), "yes");
-        assert_eq!(env.read("good2", "ok").await.unwrap(), "yes");
-        assert_eq!(env.notify_cells().await, 0);
-        workers.shutdown().await;
+        quiet_with_bad_parked(&env, "fragile: panicked: no title on this page", "").await;
     });
+}
+
+/// Notifies rows `bad`, `good` and `good2` (column `v`), and runs workers that park a
+/// notification at its first failure: they go quiet with `bad`'s notification parked with
+/// `detail`, and the other two rows' runs written (`ok` = "yes" in row `<row><out>`).
+async fn quiet_with_bad_parked(env: &Env, detail: &str, out: &str) {
+    for row in ["bad", "good", "good2"] {
+        env.write(row, "v", "x").await;
+    }
+    let config =
+        NotifyConfig { failures_max: 1, idle_ms: 5, gc_interval_ms: 0, ..NotifyConfig::default() };
+    let (engine, workers) = env.workers(config).await;
+    tokio::time::timeout(std::time::Duration::from_secs(60), workers.wait())
+        .await
+        .expect("the workers go quiet after a panic")
+        .unwrap();
+    let failed = engine.failed_list().await.unwrap();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].detail, detail);
+    for row in ["good", "good2"] {
+        assert_eq!(env.read(&format!("{row}{out}"), "ok").await.unwrap(), "yes");
+    }
+    assert_eq!(env.notify_cells().await, 0);
+    workers.shutdown().await;
 }
 
 /// A panic elsewhere in a run than in the observer (here in its commit's store call, as a bug
@@ -601,27 +605,7 @@ fn a_panic_in_a_runs_commit_is_parked_and_the_workers_go_quiet() {
         reg.register("echo", "v", NotifyKind::Strong, Arc::new(Echo)).unwrap();
         let store = Arc::new(Hooked::new(MemStore::new(perc_notify::schema()), Boom));
         let env = Env::new(store, reg, false).await;
-        for row in ["bad", "good", "good2"] {
-            env.write(row, "v", "x").await;
-        }
-        let config = NotifyConfig {
-            failures_max: 1,
-            idle_ms: 5,
-            gc_interval_ms: 0,
-            ..NotifyConfig::default()
-        };
-        let (engine, workers) = env.workers(config).await;
-        tokio::time::timeout(std::time::Duration::from_secs(60), workers.wait())
-            .await
-            .expect("the workers go quiet after a panic")
-            .unwrap();
-        let failed = engine.failed_list().await.unwrap();
-        assert_eq!(failed.len(), 1, "{failed:?}");
-        assert_eq!(failed[0].detail, "echo: panicked: the prewrite of bad-out broke");
-        assert_eq!(env.read("good-out", "ok").await.unwrap(), "yes");
-        assert_eq!(env.read("good2-out", "ok").await.unwrap(), "yes");
-        assert_eq!(env.notify_cells().await, 0);
-        workers.shutdown().await;
+        quiet_with_bad_parked(&env, "echo: panicked: the prewrite of bad-out broke", "-out").await;
     });
 }
 
