@@ -378,6 +378,8 @@ fn after_a_kill_the_search_index_catches_up_with_the_store() {
     assert_eq!(server.post("/v1/seeds", Some(token.trim()), &body).0, 202);
     server.until("the demo's 17 pages", |s| s["pages"] == 17 && s["pending"] == 0);
     let status = server.json("/v1/status");
+    let (read, now) = (status["read_ms"].as_u64(), status["now_ms"].as_u64());
+    assert!(read.is_some_and(|r| Some(r) <= now), "when the store was read: {status}");
     assert_eq!(status["search"]["documents"], 0, "{status}");
     assert_eq!(status["search"]["caught_up"], false, "the crawl's rows wait: {status}");
     assert_eq!(server.search("widget", &base), Vec::<String>::new());

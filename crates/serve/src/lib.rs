@@ -65,6 +65,8 @@ struct Served {
 /// A status read: when it ran, and what it found.
 struct StatusRead {
     ran: Span,
+    /// The wall clock's ms when it started (`read_ms` in `/v1/status`).
+    read_ms: u64,
     status: perc_pipeline::Status,
 }
 
@@ -448,17 +450,18 @@ impl Served {
     /// for a while ([`STATUS_REUSE`]). On a big store the read scans every page row and the
     /// lock and lease families (seconds: docs/benchmarks.md, "session 15"); without this,
     /// a status page polling every 2 s would keep reads piling up on each other.
-    async fn read_status(&self) -> Result<perc_pipeline::Status, ApiError> {
+    /// Also when the read started, in the wall clock's ms.
+    async fn read_status(&self) -> Result<(perc_pipeline::Status, u64), ApiError> {
         let arrived = Instant::now();
         let mut last = self.last_status.lock().await;
         if let Some(read) = last.as_ref().filter(|r| r.ran.answers(arrived, Instant::now())) {
-            return Ok(read.status.clone());
+            return Ok((read.status.clone(), read.read_ms));
         }
-        let started = Instant::now();
+        let (started, read_ms) = (Instant::now(), self.app.client.clock().now_ms());
         let status = status_off_the_api(&self.app).await?;
         let ran = Span { started, ended: Instant::now() };
-        *last = Some(StatusRead { ran, status: status.clone() });
-        Ok(status)
+        *last = Some(StatusRead { ran, read_ms, status: status.clone() });
+        Ok((status, read_ms))
     }
 
     /// `/v1/status`'s JSON: `perc status`'s, and what a server knows besides: the search
@@ -467,8 +470,10 @@ impl Served {
     async fn status_json(
         &self,
         status: perc_pipeline::Status,
+        read_ms: u64,
     ) -> Result<serde_json::Value, ApiError> {
         let mut v = status.to_json();
+        v["read_ms"] = read_ms.into();
         if let Some(index) = &self.search {
             // Caught up: no queue row waits (the indexer deletes its rows once its index
             // has committed what they asked for).
@@ -733,7 +738,7 @@ const STATUS_POLL_MS: u64 = 2_000;
 /// rendered here, and a small script that asks `/v1/status` every [`STATUS_POLL_MS`] and
 /// redraws them, the chart and the tables.
 async fn page_of_status(State(s): State<Arc<Served>>) -> Answer {
-    let st = s.read_status().await?;
+    let (st, _) = s.read_status().await?;
     let (lag_ms, _) = s.app.recrawl_queue(1).await?;
     let documents = s.search.as_ref().map_or_else(|| "off".to_string(), |i| i.len().to_string());
     let html = STATUS_PAGE
@@ -756,7 +761,7 @@ fn escape(raw: &str) -> String {
 
 /// `GET /metrics`: Prometheus text (see [`metrics`]).
 async fn scrape(State(s): State<Arc<Served>>) -> Answer {
-    let status = s.read_status().await?;
+    let (status, _) = s.read_status().await?;
     let text = metrics::render(&s.app, status, s.search.as_deref()).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
@@ -774,12 +779,12 @@ async fn status(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
             ))
         }
     };
-    let status = s.read_status().await?;
+    let (status, read_ms) = s.read_status().await?;
     if text {
         let text = status.to_text();
         return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response());
     }
-    Ok(Json(s.status_json(status).await?).into_response())
+    Ok(Json(s.status_json(status, read_ms).await?).into_response())
 }
 
 /// `GET /v1/export`: the export as JSON Lines, streamed: the bytes `perc export` writes. The
