@@ -343,7 +343,18 @@ pub async fn scan_one_family(s: Arc<dyn Store>) {
         scan("n", "c", "", usize::MAX),
         scan("f", "", "", usize::MAX),
     ];
-    for many in [&many[..], &unlimited[..]] {
+    // Scans of several families over one range (a transaction reads `lock` and `write`
+    // so), with limits that end them at different rows, and the same family twice.
+    let one_range = [
+        scan("f", "", "", 3),
+        scan("g", "", "", 1),
+        scan("n", "", "", 1),
+        scan("f", "", "", usize::MAX),
+        scan("g", "", "", 0),
+        scan("f", "b", "", 1),
+        scan("g", "b", "", 100),
+    ];
+    for many in [&many[..], &unlimited[..], &one_range[..]] {
         let got = s.scan_many(many).await.unwrap();
         assert_eq!(got.len(), many.len());
         for (one, cells) in many.iter().zip(got) {
