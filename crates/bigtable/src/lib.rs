@@ -242,23 +242,31 @@ fn demux(cells: Vec<RowCell>, n: usize) -> Result<Vec<Vec<Cell>>, StoreError> {
     Ok(out)
 }
 
+/// A put of `value` at `micros` into `family:qualifier`.
+fn set_cell(family: &str, qualifier: Vec<u8>, micros: i64, value: Vec<u8>) -> BtMutation {
+    BtMutation {
+        mutation: Some(mutation::Mutation::SetCell(mutation::SetCell {
+            family_name: family.to_string(),
+            column_qualifier: qualifier,
+            timestamp_micros: micros,
+            value,
+        })),
+    }
+}
+
 fn mutation(m: &Mutation) -> BtMutation {
-    let m = match m {
-        Mutation::Put { column, ts, value } => mutation::Mutation::SetCell(mutation::SetCell {
-            family_name: column.family.to_string(),
-            column_qualifier: column.qualifier.to_vec(),
-            timestamp_micros: micros(*ts),
-            value: value.to_vec(),
-        }),
-        Mutation::Delete { column, range: r } => {
-            mutation::Mutation::DeleteFromColumn(mutation::DeleteFromColumn {
+    match m {
+        Mutation::Put { column, ts, value } => {
+            set_cell(column.family, column.qualifier.to_vec(), micros(*ts), value.to_vec())
+        }
+        Mutation::Delete { column, range: r } => BtMutation {
+            mutation: Some(mutation::Mutation::DeleteFromColumn(mutation::DeleteFromColumn {
                 family_name: column.family.to_string(),
                 column_qualifier: column.qualifier.to_vec(),
                 time_range: Some(range(*r)),
-            })
-        }
-    };
-    BtMutation { mutation: Some(m) }
+            })),
+        },
+    }
 }
 
 impl BigtableStore {
@@ -361,14 +369,7 @@ impl BigtableStore {
         }
         let mark = Entry {
             key: layout::mark_key(),
-            mutations: vec![BtMutation {
-                mutation: Some(mutation::Mutation::SetCell(mutation::SetCell {
-                    family_name: marker.to_string(),
-                    column_qualifier: b"layout".to_vec(),
-                    timestamp_micros: 0,
-                    value: LAYOUT_VERSION.to_vec(),
-                })),
-            }],
+            mutations: vec![set_cell(marker, b"layout".to_vec(), 0, LAYOUT_VERSION.to_vec())],
         };
         self.mutate_entries(vec![mark]).await.map_err(|e| Error::Rpc(e.to_string()))
     }
@@ -401,13 +402,13 @@ impl BigtableStore {
                         key: layout::own_key(family, row),
                         mutations: cells
                             .iter()
-                            .map(|c| BtMutation {
-                                mutation: Some(mutation::Mutation::SetCell(mutation::SetCell {
-                                    family_name: family.to_string(),
-                                    column_qualifier: c.qualifier.clone(),
-                                    timestamp_micros: c.timestamp_micros,
-                                    value: c.value.clone(),
-                                })),
+                            .map(|c| {
+                                set_cell(
+                                    family,
+                                    c.qualifier.clone(),
+                                    c.timestamp_micros,
+                                    c.value.clone(),
+                                )
                             })
                             .collect(),
                     };
