@@ -46,21 +46,33 @@ pub fn own_key(family: &str, row: &[u8]) -> Vec<u8> {
     [own_prefix(family).as_slice(), row].concat()
 }
 
+/// The stored key of `row`'s cells of the Own family `own`, or of its Row families (`None`).
+pub fn key(own: Option<&str>, row: &[u8]) -> Vec<u8> {
+    match own {
+        Some(family) => own_key(family, row),
+        None => row_key(row),
+    }
+}
+
 /// The stored key of the row that records the layout.
 pub fn mark_key() -> Vec<u8> {
     [&[FF, OWN, 0][..], b"layout"].concat()
 }
 
 /// The perc row a stored key holds: of a Row family's row, or of an Own family's row (whose
-/// family the caller knows). `None` for a key of neither (the mark).
-pub fn perc_row(stored: &[u8]) -> Option<Bytes> {
-    match stored {
-        [FF, ESCAPED, rest @ ..] => Some(Bytes::from([&[FF][..], rest].concat())),
+/// family the caller knows). `None` for a key of neither (the mark). Copies nothing but an
+/// escaped key.
+pub fn perc_row(mut stored: Vec<u8>) -> Option<Bytes> {
+    match stored.as_slice() {
+        [FF, ESCAPED, ..] => {
+            stored.remove(1);
+            Some(Bytes::from(stored))
+        }
         [FF, OWN, rest @ ..] => {
             let end = rest.iter().position(|&b| b == 0)?;
-            (end > 0).then(|| Bytes::copy_from_slice(&rest[end + 1..]))
+            (end > 0).then(|| Bytes::from(stored).slice(2 + end + 1..))
         }
-        _ => Some(Bytes::copy_from_slice(stored)),
+        _ => Some(Bytes::from(stored)),
     }
 }
 
@@ -128,10 +140,10 @@ mod tests {
             assert!(own_key("notify", &pair[0]) < own_key("notify", &pair[1]), "{pair:?}");
         }
         for k in &keys {
-            assert_eq!(perc_row(&row_key(k)).unwrap(), &k[..]);
-            assert_eq!(perc_row(&own_key("notify", k)).unwrap(), &k[..]);
+            assert_eq!(perc_row(row_key(k)).unwrap(), &k[..]);
+            assert_eq!(perc_row(own_key("notify", k)).unwrap(), &k[..]);
         }
-        assert_eq!(perc_row(&mark_key()), None);
+        assert_eq!(perc_row(mark_key()), None);
     }
 
     fn within(r: &[KeyRange], k: &[u8]) -> bool {

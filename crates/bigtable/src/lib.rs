@@ -41,7 +41,7 @@ pub mod admin;
 pub mod emulator;
 pub mod layout;
 
-use std::collections::HashMap;
+use std::collections::hash_map::{self, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -315,18 +315,15 @@ impl BigtableStore {
         Ok(store)
     }
 
-    /// Where `row`'s cells of `family` are stored.
-    fn key_of(&self, family: &str, row: &[u8]) -> Vec<u8> {
-        match self.schema.locality(family) {
-            Ok(Locality::Own) => layout::own_key(family, row),
-            _ => layout::row_key(row),
-        }
+    /// `family` if it is an Own family (stored in a range of its own), else `None`.
+    fn own<'f>(&self, family: &'f str) -> Option<&'f str> {
+        (self.schema.locality(family).ok() == Some(Locality::Own)).then_some(family)
     }
 
     /// The stored rows that `reads` of `row` touch, in key order.
     fn read_keys(&self, row: &[u8], reads: &[ColumnRead]) -> Vec<Vec<u8>> {
         let mut keys: Vec<Vec<u8>> =
-            reads.iter().map(|r| self.key_of(r.column.family, row)).collect();
+            reads.iter().map(|r| layout::key(self.own(r.column.family), row)).collect();
         keys.sort();
         keys.dedup();
         keys
@@ -518,15 +515,22 @@ impl Store for BigtableStore {
             let set = RowSet { row_keys: keys, row_ranges: vec![] };
             let n = rows[0].reads.len();
             let got = self.read(set, reads_filter(&rows[0].reads)).await?;
-            // A row's cells of Row and of Own families come back under different keys.
-            let mut cells_of: HashMap<Bytes, Vec<RowCell>> = HashMap::with_capacity(got.len());
+            // A row's cells of Row and of Own families come back under different keys; a
+            // read's cells all come under one of them, so their answers add up.
+            let mut by_row: HashMap<Bytes, Vec<Vec<Cell>>> = HashMap::with_capacity(got.len());
             for (key, cells) in got {
-                let row = layout::perc_row(&key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
-                cells_of.entry(row).or_default().extend(cells);
-            }
-            let mut by_row = HashMap::with_capacity(cells_of.len());
-            for (row, cells) in cells_of {
-                by_row.insert(row, demux(cells, n)?);
+                let row = layout::perc_row(key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
+                let answers = demux(cells, n)?;
+                match by_row.entry(row) {
+                    hash_map::Entry::Vacant(e) => {
+                        e.insert(answers);
+                    }
+                    hash_map::Entry::Occupied(mut e) => {
+                        for (mine, more) in e.get_mut().iter_mut().zip(answers) {
+                            mine.extend(more);
+                        }
+                    }
+                }
             }
             let out = rows
                 .iter()
@@ -615,28 +619,32 @@ impl Store for BigtableStore {
         for rm in rows {
             validate_row_mutation(&self.schema, rm)?;
         }
-        // A row's mutations of Own families go to their rows: one entry per stored row, in
-        // the order the row's mutations came.
+        // A row's mutations of Own families go to their rows: one entry for its Row
+        // families and one for each Own family it writes, in the order they come.
         let mut entries: Vec<Entry> = Vec::new();
         for rm in rows {
-            let first = entries.len();
+            let mut groups: Vec<(Option<&str>, Vec<BtMutation>)> = Vec::new();
             for m in &rm.mutations {
-                let key = self.key_of(m.column().family, &rm.row);
-                match entries[first..].iter_mut().find(|e| e.key == key) {
-                    Some(e) => e.mutations.push(mutation(m)),
-                    None => entries.push(Entry { key, mutations: vec![mutation(m)] }),
+                let own = self.own(m.column().family);
+                match groups.iter_mut().find(|(o, _)| *o == own) {
+                    Some((_, ms)) => ms.push(mutation(m)),
+                    None => groups.push((own, vec![mutation(m)])),
                 }
             }
+            entries.extend(
+                groups
+                    .into_iter()
+                    .map(|(own, mutations)| Entry { key: layout::key(own, &rm.row), mutations }),
+            );
         }
         self.mutate_entries(entries).await
     }
 
     async fn scan(&self, scan: &Scan) -> perc_store::Result<Vec<ScanCell>> {
-        self.schema.locality(scan.family)?;
+        let ranges = self.scan_ranges(scan.family, &scan.start, &scan.end)?;
         if scan.limit == 0 {
             return Ok(Vec::new());
         }
-        let ranges = self.scan_ranges(scan.family, &scan.start, &scan.end)?;
         let req = ReadRowsRequest {
             table_name: self.table.clone(),
             rows: Some(RowSet { row_keys: vec![], row_ranges: disjoint_ranges(ranges) }),
@@ -652,7 +660,7 @@ impl Store for BigtableStore {
         let mut out = Vec::new();
         while let Some(next) = stream.next().await {
             let (key, cells) = next.map_err(|e| rpc("ReadRows", e))?;
-            let row = layout::perc_row(&key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
+            let row = layout::perc_row(key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
             for c in cells {
                 out.push(ScanCell {
                     row: row.clone(),
@@ -697,7 +705,7 @@ impl Store for BigtableStore {
         let mut out: Vec<Vec<ScanCell>> = vec![Vec::new(); scans.len()];
         while let Some(next) = stream.next().await {
             let (key, cells) = next.map_err(|e| rpc("ReadRows", e))?;
-            let row = layout::perc_row(&key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
+            let row = layout::perc_row(key).ok_or_else(|| rpc("ReadRows", "stray row"))?;
             let within = |s: &Scan| row >= s.start && (s.end.is_empty() || row < s.end);
             let mine: Vec<usize> = (0..scans.len()).filter(|&i| within(&scans[i])).collect();
             for c in cells {
@@ -770,7 +778,7 @@ impl BigtableStore {
                                     }
                                     if let Some(s) = e.status.filter(|s| s.code != 0) {
                                         let key = &pending[e.index as usize].key;
-                                        let row = layout::perc_row(key).unwrap_or_default();
+                                        let row = layout::perc_row(key.clone()).unwrap_or_default();
                                         last_error =
                                             format!("row {row:?}: code {} {}", s.code, s.message);
                                     }
