@@ -132,25 +132,16 @@ struct Polled {
 async fn status_polling(perc: &Path, tmp: &Path, pages: u64) -> Result<Polled> {
     let warc = tmp.join("polled.warc.gz");
     let data = tmp.join("polled");
-    let run = |args: &[&std::ffi::OsStr]| -> Result<()> {
-        let out = Command::new(perc).args(args).stdout(Stdio::null()).output()?;
+    let ok = |c: &mut Command| -> Result<()> {
+        let out = c.stdout(Stdio::null()).output()?;
         if !out.status.success() {
-            bail!("perc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            bail!("{c:?}: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(())
     };
     let n = pages.to_string();
-    let os = std::ffi::OsStr::new;
-    run(&[
-        os("generate"),
-        os("--pages"),
-        os(&n),
-        os("--seed"),
-        os("11"),
-        os("--warc"),
-        warc.as_os_str(),
-    ])?;
-    run(&[os("--data"), data.as_os_str(), os("replay"), warc.as_os_str()])?;
+    ok(Command::new(perc).args(["generate", "--pages", &n, "--seed", "11", "--warc"]).arg(&warc))?;
+    ok(Command::new(perc).arg("--data").arg(&data).arg("replay").arg(&warc))?;
     let served = Served::start(perc, &data, &["search.enabled=false"], None)?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(600)).build()?;
     let t = Instant::now();
