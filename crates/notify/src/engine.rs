@@ -20,8 +20,9 @@
 //! writer's commit point, so by the time the run reads the column, that commit is either
 //! visible (commit_ts = ts < start_ts) or was rolled back. Several writes before a run collapse
 //! into it (their cells are all at or below `ts`); a write that commits later has a cell above
-//! `ts`, which the delete leaves, and so runs the observer again. A run that fails (an observer
-//! that panics fails too) or conflicts deletes nothing: the notification stays to be run again.
+//! `ts`, which the delete leaves, and so runs the observer again. A run that fails (a run that
+//! panics, in the observer or beneath it, fails too) or conflicts deletes nothing: the
+//! notification stays to be run again.
 //!
 //! Alone ([`Engine::process`]), a committed run's delete rides on its commit's last call, and
 //! a run that commits nothing deletes at once. Under the workers every run leaves its delete
