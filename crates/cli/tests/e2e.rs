@@ -395,3 +395,53 @@ fn a_generated_web_and_its_change_set_index_incrementally() {
     assert_eq!(changed.len(), 6);
     refetch_equals_fresh_crawl(tmp.path(), &incremental, &v1, &changed, &s);
 }
+
+/// The bytes of every file under `dir`.
+fn disk_bytes(dir: &Path) -> u64 {
+    walk(dir).iter().map(|f| std::fs::metadata(f).unwrap().len()).sum()
+}
+
+#[test]
+fn a_compacted_store_answers_the_same_on_less_disk_and_takes_new_pages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let warc = |name: &str, seed: &str, base: &str| {
+        let f = tmp.path().join(name);
+        let args = ["generate", "--pages", "300", "--seed", seed, "--base", base, "--warc"];
+        let mut all = args.to_vec();
+        all.push(f.to_str().unwrap());
+        ok(&perc(&tmp.path().join("unused"), &all));
+        f
+    };
+    let (one, two) = (
+        warc("one.warc.gz", "5", "http://one.test/"),
+        warc("two.warc.gz", "6", "http://two.test/"),
+    );
+    let data = tmp.path().join("data");
+    ok(&perc(&data, &["replay", one.to_str().unwrap()]));
+    let before = export(&data, &tmp.path().join("before.jsonl"));
+    let bytes = disk_bytes(&data);
+
+    let said = ok(&perc(&data, &["compact"]));
+    assert!(said.starts_with("compacted "), "{said}");
+    assert!(disk_bytes(&data) < bytes, "{} against {bytes} before", disk_bytes(&data));
+    assert_eq!(export(&data, &tmp.path().join("after.jsonl")), before);
+
+    // Pages indexed after the compaction write new values beside the old ones.
+    ok(&perc(&data, &["replay", two.to_str().unwrap()]));
+    let both = export(&data, &tmp.path().join("both.jsonl"));
+    let of_one: String = both
+        .lines()
+        .filter(|l| l.contains("\"url\":\"http://one.test/"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(of_one, before);
+    assert!(both.lines().count() > before.lines().count());
+
+    // A missing store and a memory store are refused (a store in use: crates/store).
+    let missing = perc(&tmp.path().join("none"), &["compact"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no perc store"));
+    let memory = perc(&data, &["--set", "store.backend=memory", "compact"]);
+    assert_eq!(memory.status.code(), Some(2), "{}", String::from_utf8_lossy(&memory.stderr));
+    assert!(String::from_utf8_lossy(&memory.stderr).contains("sled store"));
+}

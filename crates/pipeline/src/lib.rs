@@ -8,6 +8,7 @@
 //! checks; in `open` the assembly ([`Pipeline::open`], [`Builder`]); in `error` [`PipelineError`]; in
 //! [`diff`] the semantic diff of two exports (`perc diff`, `perc replay --expect`).
 
+mod compact;
 pub mod config;
 pub mod diff;
 mod error;
@@ -28,6 +29,7 @@ use perc_txn::Client;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
+pub use crate::compact::{compact, Compaction};
 pub use crate::config::{Backend, Config, ConfigError, MEMORY};
 pub use crate::error::{PipelineError, Result};
 pub use crate::open::{open_store, shared_oracle, sled_options, Builder, Create, Fetching};
@@ -258,6 +260,12 @@ impl Pipeline {
         );
         t.commit().await?;
         Ok(())
+    }
+
+    /// One pass of the collector over the whole store (the workers make one every
+    /// `workers.gc_interval_ms`): the versions no reader can need any more are removed.
+    pub async fn collect(&self) -> Result<perc_txn::gc::GcReport> {
+        Ok(perc_txn::gc::collect(&self.client, compact::GC_BATCH).await?)
     }
 
     /// Deregisters this process's clients and makes every commit durable.

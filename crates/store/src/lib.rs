@@ -33,6 +33,7 @@ pub mod keycode;
 pub mod mem;
 mod row;
 pub mod sled_backend;
+pub mod sled_compact;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -47,6 +48,7 @@ pub use counted::{Counted, OpCounts};
 pub use hooked::{Call, Hook, Hooked};
 pub use mem::MemStore;
 pub use sled_backend::{ColumnUsage, SledOptions, SledStore, TreeUsage, Usage};
+pub use sled_compact::Compacted;
 
 /// A timestamp: a version of a cell. Handed out by the oracle, strictly increasing.
 ///

@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::row::{self, RowCells, Stored};
+use crate::sled_compact::Compacted;
 use crate::{
     keycode, validate, validate_check_and_mutate, validate_row_mutation, Cell, ColumnRead,
     Condition, Locality, Mutation, Result, RowMutation, Scan, ScanCell, Schema, Store, StoreError,
@@ -46,7 +47,7 @@ const SEGMENT_BYTES: usize = 8 << 20;
 
 /// sled's `conf` file of the store at `path` (`key: value` lines and a binary checksum):
 /// what the store was made with; empty for a new store.
-fn stored_conf(path: &Path) -> String {
+pub(crate) fn stored_conf(path: &Path) -> String {
     std::fs::read(path.join("conf"))
         .map(|conf| String::from_utf8_lossy(&conf).into_owned())
         .unwrap_or_default()
@@ -85,6 +86,65 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Whether sled refused to open because another handle holds the database's lock file.
 fn is_lock_error(e: &sled::Error) -> bool {
     matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
+/// sled's configuration for the store at `path`: what the store was made with where sled
+/// refuses a change (`made`, [`stored_conf`]; empty for a new store), `options` for the rest.
+pub(crate) fn sled_config(path: &Path, made: &str, options: &SledOptions) -> sled::Config {
+    let compress = compressed(made, options.zstd_level);
+    let cache_bytes =
+        if compress { options.cache_bytes / COMPRESSED_CACHE_DIVISOR } else { options.cache_bytes };
+    sled::Config::new()
+        .path(path)
+        .cache_capacity(cache_bytes)
+        .flush_every_ms(Some(options.flush_every_ms))
+        .mode(sled::Mode::HighThroughput)
+        .segment_size(segment_bytes(made))
+        .use_compression(compress)
+        .compression_factor(options.zstd_level.clamp(1, 22))
+}
+
+/// Opens sled's database at `path`, waiting briefly for a lock that a store just dropped in
+/// this process is letting go of.
+pub(crate) fn open_db(path: &Path, config: &sled::Config) -> Result<sled::Db> {
+    // A store just dropped in this process lets go of its lock file only when sled's
+    // flusher thread has finished: wait for that, briefly, before calling it taken.
+    let waited = std::time::Instant::now();
+    loop {
+        match config.open() {
+            Ok(db) => return Ok(db),
+            Err(e) if is_lock_error(&e) && waited.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => {
+                let why = if is_lock_error(&e) {
+                    format!("another process (or a store not closed in this one) holds it ({e})")
+                } else {
+                    e.to_string()
+                };
+                return Err(StoreError::Io {
+                    backend: "sled",
+                    detail: format!("cannot open the store at {}: {why}", path.display()),
+                });
+            }
+        }
+    }
+}
+
+/// The key, in sled's default tree, of the number added to sled's generated ids to make
+/// blob ids. A new store has none (0). A compacted store is a new sled database whose ids
+/// start again from 0: its base is above every id the old one gave out (`sled_compact`).
+pub(crate) const BLOB_ID_BASE: &[u8] = b"perc/blob_id_base";
+
+/// The store's blob id base ([`BLOB_ID_BASE`]).
+pub(crate) fn blob_id_base(db: &sled::Db) -> Result<u64> {
+    match db.get(BLOB_ID_BASE).map_err(io)? {
+        None => Ok(0),
+        Some(v) => v.as_ref().try_into().map(u64::from_be_bytes).map_err(|_| StoreError::Corrupt {
+            backend: "sled",
+            detail: format!("{} is not a u64", String::from_utf8_lossy(BLOB_ID_BASE)),
+        }),
+    }
 }
 
 /// Tuning for the sled backend.
@@ -146,10 +206,12 @@ pub struct SledStore {
     rows: sled::Tree,
     blobs: sled::Tree,
     own: BTreeMap<&'static str, sled::Tree>,
+    /// Added to sled's generated ids to make blob ids ([`BLOB_ID_BASE`]).
+    blob_id_base: u64,
     group: GroupCommit,
 }
 
-fn io(e: sled::Error) -> StoreError {
+pub(crate) fn io(e: sled::Error) -> StoreError {
     match e {
         sled::Error::Corruption { .. } => {
             StoreError::Corrupt { backend: "sled", detail: e.to_string() }
@@ -169,61 +231,31 @@ fn is_out_of_space(e: &std::io::Error) -> bool {
 }
 
 impl SledStore {
-    /// Whether directory `path` holds a store (sled's `conf` file is the first it writes).
+    /// Whether directory `path` holds a store: sled's `conf` file is the first it writes, and a
+    /// compaction cut short while the files change places leaves its mark.
     pub fn exists(path: impl AsRef<Path>) -> bool {
-        path.as_ref().join("conf").exists()
+        path.as_ref().join("conf").exists() || crate::sled_compact::finishing(path.as_ref())
+    }
+
+    /// Compacts the store in directory `path`, which must not be open: its live data copied
+    /// into a new database that takes the old one's place (see `sled_compact`).
+    pub fn compact(path: impl AsRef<Path>, options: &SledOptions) -> Result<Compacted> {
+        crate::sled_compact::compact(path.as_ref(), options)
     }
 
     /// Opens (or creates) the store in directory `path`.
     pub fn open(path: impl AsRef<Path>, schema: Schema, options: &SledOptions) -> Result<Self> {
         let path = path.as_ref();
-        let made = stored_conf(path);
-        let compress = compressed(&made, options.zstd_level);
-        let cache_bytes = if compress {
-            options.cache_bytes / COMPRESSED_CACHE_DIVISOR
-        } else {
-            options.cache_bytes
-        };
-        let config = sled::Config::new()
-            .path(path)
-            .cache_capacity(cache_bytes)
-            .flush_every_ms(Some(options.flush_every_ms))
-            .mode(sled::Mode::HighThroughput)
-            .segment_size(segment_bytes(&made))
-            .use_compression(compress)
-            .compression_factor(options.zstd_level.clamp(1, 22));
-        // A store just dropped in this process lets go of its lock file only when sled's
-        // flusher thread has finished: wait for that, briefly, before calling it taken.
-        let waited = std::time::Instant::now();
-        let db = loop {
-            match config.open() {
-                Ok(db) => break db,
-                Err(e) if is_lock_error(&e) && waited.elapsed() < LOCK_WAIT => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => {
-                    let why = if is_lock_error(&e) {
-                        format!(
-                            "another process (or a store not closed in this one) holds it \
-                             ({e})"
-                        )
-                    } else {
-                        e.to_string()
-                    };
-                    return Err(StoreError::Io {
-                        backend: "sled",
-                        detail: format!("cannot open the store at {}: {why}", path.display()),
-                    });
-                }
-            }
-        };
+        crate::sled_compact::recover(path)?;
+        let db = open_db(path, &sled_config(path, &stored_conf(path), options))?;
         let rows = db.open_tree("rows").map_err(io)?;
         let blobs = db.open_tree("blobs").map_err(io)?;
         let mut own = BTreeMap::new();
         for f in schema.families().iter().filter(|f| f.locality == Locality::Own) {
             own.insert(f.name, db.open_tree(format!("own/{}", f.name)).map_err(io)?);
         }
-        Ok(SledStore { schema, db, rows, blobs, own, group: GroupCommit::default() })
+        let blob_id_base = blob_id_base(&db)?;
+        Ok(SledStore { schema, db, rows, blobs, own, blob_id_base, group: GroupCommit::default() })
     }
 
     /// Bytes on disk, as sled reports them.
@@ -285,7 +317,7 @@ impl SledStore {
         if value.len() <= INLINE_BYTES_MAX {
             return Ok(Stored::Inline(value.clone()));
         }
-        let id = self.db.generate_id().map_err(io)?;
+        let id = self.blob_id_base + self.db.generate_id().map_err(io)?;
         self.blobs.insert(id.to_be_bytes(), value.as_ref()).map_err(io)?;
         new_blobs.push(id);
         Ok(Stored::Blob { id, len: value.len() as u64 })

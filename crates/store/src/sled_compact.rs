@@ -1,0 +1,407 @@
+//! Compaction of the sled store: its live data copied into a new sled database, which then
+//! takes the old one's place in the store's directory.
+//!
+//! sled 0.34 gives back log space only through its segment cleaner, which leaves two to five
+//! times the live bytes on disk after a replay and a collection (docs/benchmarks.md); its
+//! cleaner's threshold is a constant. A copy holds only what is live. The copy is of sled's
+//! trees, key by key, so it keeps every cell, version, blob and notification as they are.
+//! It is done offline: the store must not be open (sled's lock file says whether it is).
+//!
+//! The steps, each one safe to be cut short by a crash:
+//!
+//! 1. Copy every tree into `DIR/compact.new`, flush it, and write `compact.new/COPIED`.
+//!    Cut short: `compact.new` without `COPIED` is dropped; the store is as it was.
+//! 2. Move the old database's files (`conf`, `db`, `snap.*`, `blobs`) into `DIR/compact.old`
+//!    and write `compact.new/OLD_OUT`. Cut short: the files left in `DIR` are all old ones,
+//!    so the step is done again.
+//! 3. Move the new database's files from `compact.new` into `DIR`, then remove both
+//!    directories. Cut short: the files left in `compact.new` are moved.
+//!
+//! Opening a store ([`recover`], called by `SledStore::open`) finishes a compaction that
+//! reached `COPIED`, and drops one that did not. A compaction holds a lock on
+//! `DIR/compact.lock` from before its first step to after its last, and an opening takes it
+//! while it looks: an opening never meets a compaction half done by a live process, and
+//! two compactions never run at once. Files of the directory that are not sled's
+//! (perc's search index) stay where they are.
+//!
+//! Blob ids: perc names a blob by an id from sled's generator, which starts again at 0 in a
+//! new database. The copy therefore records, in its default tree, a base above every id the
+//! old store gave out (`BLOB_ID_BASE`), and the store adds it to each generated id.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::sled_backend::{blob_id_base, io, open_db, sled_config, stored_conf, BLOB_ID_BASE};
+use crate::{Result, SledOptions, StoreError};
+
+/// The directory the copy is made in, inside the store's directory.
+const NEW: &str = "compact.new";
+/// Where the old database's files go while the copy takes their place.
+const OLD: &str = "compact.old";
+/// In [`NEW`]: the copy is whole and flushed.
+const COPIED: &str = "COPIED";
+/// In [`NEW`]: every file of the old database is in [`OLD`].
+const OLD_OUT: &str = "OLD_OUT";
+/// The file a compaction, and a store's opening while it looks for one cut short, hold an
+/// exclusive lock on: one at a time, and never an opening in the middle of a compaction.
+const LOCK: &str = "compact.lock";
+/// Entries a batch of the copy writes.
+const BATCH: usize = 4096;
+
+/// What a compaction did.
+#[derive(Clone, Debug)]
+pub struct Compacted {
+    /// Bytes of the database's files before and after.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Keys copied, in every tree.
+    pub keys: u64,
+}
+
+/// Whether `name`, an entry of a store's directory, is a file of sled's database.
+fn is_sled_file(name: &str) -> bool {
+    matches!(name, "conf" | "db" | "blobs") || name.starts_with("snap.")
+}
+
+fn fs_error(what: String) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |e| StoreError::Io { backend: "sled", detail: format!("{what}: {e}") }
+}
+
+/// The sled files in `dir`, by name.
+fn sled_files(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(fs_error(format!("cannot list {}", dir.display())))? {
+        let entry = entry.map_err(fs_error(format!("cannot list {}", dir.display())))?;
+        if let Some(name) = entry.file_name().to_str().filter(|n| is_sled_file(n)) {
+            out.push(name.to_string());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The bytes of the sled files in `dir`.
+fn sled_bytes(dir: &Path) -> Result<u64> {
+    fn size(path: &Path) -> std::io::Result<u64> {
+        let meta = fs::metadata(path)?;
+        if !meta.is_dir() {
+            return Ok(meta.len());
+        }
+        let mut total = 0;
+        for entry in fs::read_dir(path)? {
+            total += size(&entry?.path())?;
+        }
+        Ok(total)
+    }
+    let mut total = 0;
+    for name in sled_files(dir)? {
+        let path = dir.join(&name);
+        total += size(&path).map_err(fs_error(format!("cannot measure {}", path.display())))?;
+    }
+    Ok(total)
+}
+
+/// Makes `path`'s creation, removal or renaming durable: fsyncs its directory.
+fn sync_dir(dir: &Path) -> Result<()> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(fs_error(format!("cannot sync {}", dir.display())))
+}
+
+/// Writes the empty marker file `path`, durably.
+fn mark(path: &Path) -> Result<()> {
+    fs::File::create(path)
+        .and_then(|f| f.sync_all())
+        .map_err(fs_error(format!("cannot write {}", path.display())))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+fn rename(from: &Path, to: &Path) -> Result<()> {
+    fs::rename(from, to).map_err(fs_error(format!(
+        "cannot move {} to {}",
+        from.display(),
+        to.display()
+    )))
+}
+
+fn remove_dir(dir: &Path) -> Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(fs_error(format!("cannot remove {}", dir.display()))(e)),
+    }
+}
+
+/// Whether the store in `dir` is in the middle of a compaction that [`recover`] will finish
+/// (its files may be out of `dir` for the moment).
+pub(crate) fn finishing(dir: &Path) -> bool {
+    dir.join(NEW).join(COPIED).exists()
+}
+
+/// Takes the compaction lock of the store in `dir` ([`LOCK`]), making its file if need be;
+/// it is let go when the file is closed, by the process's end included.
+fn lock(dir: &Path) -> Result<fs::File> {
+    let path = dir.join(LOCK);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(fs_error(format!("cannot open {}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => Err(StoreError::Io {
+            backend: "sled",
+            detail: format!("the store at {} is being compacted by another process", dir.display()),
+        }),
+        Err(fs::TryLockError::Error(e)) => {
+            Err(fs_error(format!("cannot lock {}", path.display()))(e))
+        }
+    }
+}
+
+/// Finishes a compaction of the store in `dir` that reached step 1's end, drops one that did
+/// not, and removes what a finished one left. A compaction makes its lock file first: a
+/// store without one was never compacted, and there is nothing to look at.
+pub(crate) fn recover(dir: &Path) -> Result<()> {
+    if !dir.join(LOCK).exists() {
+        return Ok(());
+    }
+    let _locked = lock(dir)?;
+    recover_locked(dir)
+}
+
+fn recover_locked(dir: &Path) -> Result<()> {
+    let new = dir.join(NEW);
+    if finishing(dir) {
+        swap(dir)?;
+    } else if new.exists() {
+        remove_dir(&new)?;
+    }
+    remove_dir(&dir.join(OLD))
+}
+
+/// Steps 2 and 3: the copy in `NEW` takes the old database's place.
+fn swap(dir: &Path) -> Result<()> {
+    let (new, old) = (dir.join(NEW), dir.join(OLD));
+    if !new.join(OLD_OUT).exists() {
+        fs::create_dir_all(&old).map_err(fs_error(format!("cannot create {}", old.display())))?;
+        for name in sled_files(dir)? {
+            rename(&dir.join(&name), &old.join(&name))?;
+        }
+        sync_dir(&old)?;
+        sync_dir(dir)?;
+        mark(&new.join(OLD_OUT))?;
+    }
+    for name in sled_files(&new)? {
+        rename(&new.join(&name), &dir.join(&name))?;
+    }
+    sync_dir(dir)?;
+    remove_dir(&new)?;
+    remove_dir(&old)?;
+    sync_dir(dir)
+}
+
+/// Compacts the sled store in directory `dir` (see the module's doc). The store must not be
+/// open, in this process or another.
+pub fn compact(dir: &Path, options: &SledOptions) -> Result<Compacted> {
+    if !dir.join("conf").exists() && !finishing(dir) {
+        return Err(StoreError::Io {
+            backend: "sled",
+            detail: format!("no store at {} to compact", dir.display()),
+        });
+    }
+    let _locked = lock(dir)?;
+    recover_locked(dir)?;
+    let bytes_before = sled_bytes(dir)?;
+    let keys = copy(dir, options)?;
+    swap(dir)?;
+    Ok(Compacted { bytes_before, bytes_after: sled_bytes(dir)?, keys })
+}
+
+/// Step 1: every tree of the store in `dir` copied into `dir/NEW`, which is flushed and marked
+/// `COPIED`. Returns the keys copied.
+fn copy(dir: &Path, options: &SledOptions) -> Result<u64> {
+    let made = stored_conf(dir);
+    let new_dir: PathBuf = dir.join(NEW);
+    let old = open_db(dir, &sled_config(dir, &made, options))?;
+    // The copy is made with the settings the store was made with (segment size,
+    // compression), which sled then keeps in the copy's own `conf`.
+    let new = open_db(&new_dir, &sled_config(&new_dir, &made, options))?;
+    let mut keys = 0;
+    for name in old.tree_names() {
+        let (from, to) = (old.open_tree(&name).map_err(io)?, new.open_tree(&name).map_err(io)?);
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0;
+        for kv in from.iter() {
+            let (k, v) = kv.map_err(io)?;
+            batch.insert(k, v);
+            in_batch += 1;
+            keys += 1;
+            if in_batch == BATCH {
+                to.apply_batch(std::mem::take(&mut batch)).map_err(io)?;
+                in_batch = 0;
+            }
+        }
+        to.apply_batch(batch).map_err(io)?;
+    }
+    // Above every id the old store gave out: its base plus an id its generator has not.
+    let base = blob_id_base(&old)? + old.generate_id().map_err(io)? + 1;
+    new.insert(BLOB_ID_BASE, &base.to_be_bytes()).map_err(io)?;
+    new.flush().map_err(io)?;
+    drop(new);
+    drop(old);
+    mark(&new_dir.join(COPIED))?;
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tree's name and its keys and values.
+    type Tree = (Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
+
+    /// Every key and value of every tree of the store in `dir`.
+    fn dump(dir: &Path) -> Vec<Tree> {
+        let db = sled_config(dir, &stored_conf(dir), &SledOptions::default()).open().unwrap();
+        let mut out = Vec::new();
+        for name in db.tree_names() {
+            let tree = db.open_tree(&name).unwrap();
+            let entries =
+                tree.iter().map(|kv| kv.unwrap()).map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+            out.push((name.to_vec(), entries));
+        }
+        out
+    }
+
+    /// A store whose log holds garbage: keys written, rewritten and removed. Its segments are
+    /// 1 MiB (sled's log grows a segment at a time; perc's are 8 MiB).
+    fn store_with_garbage(dir: &Path) {
+        let made = "segment_size: 1048576\n";
+        let db = sled_config(dir, made, &SledOptions::default()).open().unwrap();
+        let tree = db.open_tree("rows").unwrap();
+        for round in 0..4u32 {
+            for k in 0..2_000u32 {
+                tree.insert(k.to_be_bytes(), vec![round as u8; 600]).unwrap();
+            }
+        }
+        for k in (0..2_000u32).step_by(2) {
+            tree.remove(k.to_be_bytes()).unwrap();
+        }
+        db.insert(b"plain", b"default tree").unwrap();
+        db.flush().unwrap();
+    }
+
+    #[test]
+    fn a_compaction_keeps_every_key_and_shrinks_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        store_with_garbage(dir.path());
+        fs::create_dir(dir.path().join("search")).unwrap();
+        let before = dump(dir.path());
+        let done = compact(dir.path(), &SledOptions::default()).unwrap();
+        assert!(done.bytes_after * 2 < done.bytes_before, "{done:?}");
+        let mut after = dump(dir.path());
+        // The copy adds the blob id base to the default tree, and nothing else.
+        let default = after.iter_mut().find(|(n, _)| n == b"__sled__default").unwrap();
+        default.1.retain(|(k, _)| k != BLOB_ID_BASE);
+        assert_eq!(before, after);
+        assert!(dir.path().join("search").is_dir(), "perc's own files stay");
+        assert!(!dir.path().join(NEW).exists() && !dir.path().join(OLD).exists());
+    }
+
+    #[test]
+    fn a_compaction_in_progress_is_not_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        store_with_garbage(dir.path());
+        let held = lock(dir.path()).unwrap();
+        copy(dir.path(), &SledOptions::default()).unwrap();
+        for refused in [recover(dir.path()), compact(dir.path(), &SledOptions::default()).map(drop)]
+        {
+            let e = refused.unwrap_err().to_string();
+            assert!(e.contains("being compacted by another process"), "{e}");
+        }
+        assert!(finishing(dir.path()), "the copy is left to its owner");
+        drop(held);
+        recover(dir.path()).unwrap();
+        assert!(!dir.path().join(NEW).exists());
+    }
+
+    #[test]
+    fn each_cut_short_step_recovers_to_one_whole_store() {
+        // (what was done before the crash, whether the store is then the copy)
+        type Cut = fn(&Path);
+        let cuts: [(&str, Cut, bool); 5] = [
+            (
+                "a copy half made",
+                |d| {
+                    let n = d.join(NEW);
+                    let db = sled::Config::new().path(&n).open().unwrap();
+                    db.insert(b"half", b"made").unwrap();
+                    db.flush().unwrap();
+                },
+                false,
+            ),
+            (
+                "the copy made",
+                |d| {
+                    copy(d, &SledOptions::default()).unwrap();
+                },
+                true,
+            ),
+            (
+                "some old files moved out",
+                |d| {
+                    copy(d, &SledOptions::default()).unwrap();
+                    fs::create_dir(d.join(OLD)).unwrap();
+                    rename(&d.join("conf"), &d.join(OLD).join("conf")).unwrap();
+                },
+                true,
+            ),
+            (
+                "every old file out",
+                |d| {
+                    copy(d, &SledOptions::default()).unwrap();
+                    fs::create_dir(d.join(OLD)).unwrap();
+                    for name in sled_files(d).unwrap() {
+                        rename(&d.join(&name), &d.join(OLD).join(&name)).unwrap();
+                    }
+                    mark(&d.join(NEW).join(OLD_OUT)).unwrap();
+                },
+                true,
+            ),
+            (
+                "some new files in",
+                |d| {
+                    copy(d, &SledOptions::default()).unwrap();
+                    fs::create_dir(d.join(OLD)).unwrap();
+                    for name in sled_files(d).unwrap() {
+                        rename(&d.join(&name), &d.join(OLD).join(&name)).unwrap();
+                    }
+                    mark(&d.join(NEW).join(OLD_OUT)).unwrap();
+                    rename(&d.join(NEW).join("db"), &d.join("db")).unwrap();
+                },
+                true,
+            ),
+        ];
+        for (what, cut, compacted) in cuts {
+            let dir = tempfile::tempdir().unwrap();
+            store_with_garbage(dir.path());
+            let before = dump(dir.path());
+            let bytes = sled_bytes(dir.path()).unwrap();
+            // As `compact` does, before it makes anything else.
+            fs::File::create(dir.path().join(LOCK)).unwrap();
+            cut(dir.path());
+            assert_eq!(finishing(dir.path()), compacted, "{what}");
+            recover(dir.path()).unwrap();
+            let mut after = dump(dir.path());
+            let default = after.iter_mut().find(|(n, _)| n == b"__sled__default").unwrap();
+            let base = default.1.iter().position(|(k, _)| k == BLOB_ID_BASE);
+            assert_eq!(base.is_some(), compacted, "{what}: the store is the copy");
+            default.1.retain(|(k, _)| k != BLOB_ID_BASE);
+            assert_eq!(before, after, "{what}");
+            assert_eq!(sled_bytes(dir.path()).unwrap() < bytes, compacted, "{what}");
+            assert!(!dir.path().join(NEW).exists() && !dir.path().join(OLD).exists(), "{what}");
+        }
+    }
+}
