@@ -148,15 +148,13 @@ fn lock(dir: &Path) -> Result<fs::File> {
         .write(true)
         .open(&path)
         .map_err(fs_error(format!("cannot open {}", path.display())))?;
-    match file.try_lock() {
+    match fs2::FileExt::try_lock_exclusive(&file) {
         Ok(()) => Ok(file),
-        Err(fs::TryLockError::WouldBlock) => Err(StoreError::Io {
+        Err(e) if e.kind() == fs2::lock_contended_error().kind() => Err(StoreError::Io {
             backend: "sled",
             detail: format!("the store at {} is being compacted by another process", dir.display()),
         }),
-        Err(fs::TryLockError::Error(e)) => {
-            Err(fs_error(format!("cannot lock {}", path.display()))(e))
-        }
+        Err(e) => Err(fs_error(format!("cannot lock {}", path.display()))(e)),
     }
 }
 
@@ -219,6 +217,34 @@ pub fn compact(dir: &Path, options: &SledOptions) -> Result<Compacted> {
     Ok(Compacted { bytes_before, bytes_after: sled_bytes(dir)?, keys })
 }
 
+/// How long a dropped database may take to close its files.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until the sled database in `dir`, dropped in this process, has closed its files: a
+/// dropped `sled::Db` lets its flusher thread finish, and write, before it lets go of the
+/// lock on its `db` file. No file may change places before that.
+fn closed(dir: &Path) -> Result<()> {
+    let path = dir.join("db");
+    let file =
+        fs::File::open(&path).map_err(fs_error(format!("cannot open {}", path.display())))?;
+    let waited = std::time::Instant::now();
+    loop {
+        match fs2::FileExt::try_lock_exclusive(&file) {
+            Ok(()) => {
+                return fs2::FileExt::unlock(&file)
+                    .map_err(fs_error(format!("cannot unlock {}", path.display())))
+            }
+            Err(e)
+                if e.kind() == fs2::lock_contended_error().kind()
+                    && waited.elapsed() < CLOSE_WAIT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => return Err(fs_error(format!("sled did not close {}", path.display()))(e)),
+        }
+    }
+}
+
 /// Step 1: every tree of the store in `dir` copied into `dir/NEW`, which is flushed and marked
 /// `COPIED`. Returns the keys copied.
 fn copy(dir: &Path, options: &SledOptions) -> Result<u64> {
@@ -251,6 +277,8 @@ fn copy(dir: &Path, options: &SledOptions) -> Result<u64> {
     new.flush().map_err(io)?;
     drop(new);
     drop(old);
+    closed(&new_dir)?;
+    closed(dir)?;
     mark(&new_dir.join(COPIED))?;
     Ok(keys)
 }
@@ -264,7 +292,8 @@ mod tests {
 
     /// Every key and value of every tree of the store in `dir`.
     fn dump(dir: &Path) -> Vec<Tree> {
-        let db = sled_config(dir, &stored_conf(dir), &SledOptions::default()).open().unwrap();
+        let config = sled_config(dir, &stored_conf(dir), &SledOptions::default());
+        let db = open_db(dir, &config).unwrap();
         let mut out = Vec::new();
         for name in db.tree_names() {
             let tree = db.open_tree(&name).unwrap();
