@@ -51,6 +51,9 @@ struct Figures {
     compacted_bytes: u64,
     #[serde(default)]
     compact_s: f64,
+    /// The peak resident set by the rewrite's end (`rss_kb` is the peak before it).
+    #[serde(default)]
+    compact_rss_kb: u64,
     p50_ms: f64,
     p99_ms: f64,
     /// Per update, on average: store calls, and by observer (name, runs, conflicted runs,
@@ -189,6 +192,7 @@ async fn measure(pages: usize) -> Result<Figures> {
     let options = perc_pipeline::sled_options(&pipeline.config().store);
     pipeline.close().await?;
     let disk_bytes = dir_bytes(dir.path())?;
+    let rss_kb = peak_rss_kb();
     // `perc compact`'s rewrite of the files, once nothing holds the store.
     drop((loader, store));
     let start = Instant::now();
@@ -199,7 +203,8 @@ async fn measure(pages: usize) -> Result<Figures> {
         indexed,
         replay_s,
         calls_per_page: calls as f64 / indexed.max(1) as f64,
-        rss_kb: peak_rss_kb(),
+        rss_kb,
+        compact_rss_kb: peak_rss_kb(),
         replay_rss_kb,
         gc_s,
         gc_rss_kb,
@@ -241,7 +246,7 @@ pub fn run(scale: f64) -> Result<()> {
             format!(
                 "{} indexed in {:.1} s; {:.1} store calls per page; peak RSS {} MiB; store {} MiB on disk; \
                  a collection pass {:.1} s ({} write records removed); after the updates, \
-                 perc compact's rewrite {:.1} s, to {} MiB",
+                 perc compact's rewrite {:.1} s, to {} MiB (peak RSS by its end {} MiB)",
                 f.indexed,
                 f.replay_s,
                 f.calls_per_page,
@@ -250,7 +255,8 @@ pub fn run(scale: f64) -> Result<()> {
                 f.gc_s,
                 f.gc_removed,
                 f.compact_s,
-                f.compacted_bytes >> 20
+                f.compacted_bytes >> 20,
+                f.compact_rss_kb / 1024
             ),
         );
     }

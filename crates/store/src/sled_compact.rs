@@ -250,10 +250,12 @@ fn closed(dir: &Path) -> Result<()> {
 fn copy(dir: &Path, options: &SledOptions) -> Result<u64> {
     let made = stored_conf(dir);
     let new_dir: PathBuf = dir.join(NEW);
-    let old = open_db(dir, &sled_config(dir, &made, options))?;
+    // Two databases open at once share the cache the store is given.
+    let options = SledOptions { cache_bytes: options.cache_bytes / 2, ..options.clone() };
+    let old = open_db(dir, &sled_config(dir, &made, &options))?;
     // The copy is made with the settings the store was made with (segment size,
     // compression), which sled then keeps in the copy's own `conf`.
-    let new = open_db(&new_dir, &sled_config(&new_dir, &made, options))?;
+    let new = open_db(&new_dir, &sled_config(&new_dir, &made, &options))?;
     let mut keys = 0;
     for name in old.tree_names() {
         let (from, to) = (old.open_tree(&name).map_err(io)?, new.open_tree(&name).map_err(io)?);
