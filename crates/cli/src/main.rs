@@ -518,7 +518,7 @@ async fn dispatch(
         }
         Command::Compact => {
             let data = config.store.data.clone();
-            let done = match perc_pipeline::compact(config).await {
+            let done = match perc_pipeline::compact(config, &stop).await {
                 Err(e @ PipelineError::NoStore { .. }) => {
                     say!("{e}");
                     return Ok(ExitCode::from(1));

@@ -4,8 +4,12 @@
 //! large load; a compaction brings it to what it holds. Offline: the store must not be in
 //! use by another process (sled's lock file refuses a second opener).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use perc_store::{Compacted, SledStore};
 use perc_txn::gc::GcReport;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, Config};
 use crate::error::{PipelineError, Result};
@@ -22,8 +26,10 @@ pub struct Compaction {
     pub files: Compacted,
 }
 
-/// Collects the configured sled store's old versions, then compacts its files.
-pub async fn compact(config: Config) -> Result<Compaction> {
+/// Collects the configured sled store's old versions, then compacts its files. `stop`
+/// (SIGINT, SIGTERM) ends the collection pass, or drops the copy, and the store stays as it
+/// was ([`PipelineError::Interrupted`]); once the copy is whole, the compaction finishes.
+pub async fn compact(config: Config, stop: &CancellationToken) -> Result<Compaction> {
     if config.store.backend != Backend::Sled {
         return Err(PipelineError::Input(format!(
             "perc compact rewrites a sled store's files; the {} store needs no compaction \
@@ -35,13 +41,31 @@ pub async fn compact(config: Config) -> Result<Compaction> {
         )));
     }
     let app = Pipeline::open(config.clone(), Fetching::Offline, Create::No).await?;
-    let collected = app.collect().await;
+    // A collection pass cut short is as safe as one a crash ends: each of its writes stands
+    // alone.
+    let collected = tokio::select! {
+        collected = app.collect() => Some(collected),
+        () = stop.cancelled() => None,
+    };
     app.close().await?;
+    let Some(collected) = collected else { return Err(PipelineError::Interrupted) };
     let collected = collected?;
     let options = sled_options(&config.store);
     let data = config.store.data.clone();
-    let files = tokio::task::spawn_blocking(move || SledStore::compact(&data, &options))
+    let stopping = Arc::new(AtomicBool::new(false));
+    let told = {
+        let (stop, stopping) = (stop.clone(), stopping.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            stopping.store(true, Ordering::Relaxed);
+        })
+    };
+    let files = tokio::task::spawn_blocking(move || SledStore::compact(&data, &options, &stopping))
         .await
-        .map_err(|e| PipelineError::Setup(format!("the compaction stopped: {e}")))??;
-    Ok(Compaction { collected, files })
+        .map_err(|e| PipelineError::Setup(format!("the compaction stopped: {e}")));
+    told.abort();
+    match files?? {
+        Some(files) => Ok(Compaction { collected, files }),
+        None => Err(PipelineError::Interrupted),
+    }
 }

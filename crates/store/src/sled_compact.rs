@@ -30,6 +30,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::sled_backend::{blob_id_base, io, open_db, sled_config, stored_conf, BLOB_ID_BASE};
 use crate::{Result, SledOptions, StoreError};
@@ -201,8 +202,9 @@ fn swap(dir: &Path) -> Result<()> {
 }
 
 /// Compacts the sled store in directory `dir` (see the module's doc). The store must not be
-/// open, in this process or another.
-pub fn compact(dir: &Path, options: &SledOptions) -> Result<Compacted> {
+/// open, in this process or another. `stop` set during the copy drops the copy and returns
+/// `None`, the store as it was; once the copy is whole, the compaction finishes.
+pub fn compact(dir: &Path, options: &SledOptions, stop: &AtomicBool) -> Result<Option<Compacted>> {
     if !dir.join("conf").exists() && !finishing(dir) {
         return Err(StoreError::Io {
             backend: "sled",
@@ -212,9 +214,12 @@ pub fn compact(dir: &Path, options: &SledOptions) -> Result<Compacted> {
     let _locked = lock(dir)?;
     recover_locked(dir)?;
     let bytes_before = sled_bytes(dir)?;
-    let keys = copy(dir, options)?;
+    let Some(keys) = copy(dir, options, stop)? else {
+        remove_dir(&dir.join(NEW))?;
+        return Ok(None);
+    };
     swap(dir)?;
-    Ok(Compacted { bytes_before, bytes_after: sled_bytes(dir)?, keys })
+    Ok(Some(Compacted { bytes_before, bytes_after: sled_bytes(dir)?, keys }))
 }
 
 /// How long a dropped database may take to close its files.
@@ -246,8 +251,9 @@ fn closed(dir: &Path) -> Result<()> {
 }
 
 /// Step 1: every tree of the store in `dir` copied into `dir/NEW`, which is flushed and marked
-/// `COPIED`. Returns the keys copied.
-fn copy(dir: &Path, options: &SledOptions) -> Result<u64> {
+/// `COPIED`. Returns the keys copied, or `None` if `stop` was set before the copy was whole
+/// (the databases are closed; `NEW` is left to the caller to remove).
+fn copy(dir: &Path, options: &SledOptions, stop: &AtomicBool) -> Result<Option<u64>> {
     let made = stored_conf(dir);
     let new_dir: PathBuf = dir.join(NEW);
     // Two databases open at once share the cache the store is given.
@@ -257,7 +263,8 @@ fn copy(dir: &Path, options: &SledOptions) -> Result<u64> {
     // compression), which sled then keeps in the copy's own `conf`.
     let new = open_db(&new_dir, &sled_config(&new_dir, &made, &options))?;
     let mut keys = 0;
-    for name in old.tree_names() {
+    let stopped = || stop.load(Ordering::Relaxed);
+    'trees: for name in old.tree_names() {
         let (from, to) = (old.open_tree(&name).map_err(io)?, new.open_tree(&name).map_err(io)?);
         let mut batch = sled::Batch::default();
         let mut in_batch = 0;
@@ -267,11 +274,20 @@ fn copy(dir: &Path, options: &SledOptions) -> Result<u64> {
             in_batch += 1;
             keys += 1;
             if in_batch == BATCH {
+                if stopped() {
+                    break 'trees;
+                }
                 to.apply_batch(std::mem::take(&mut batch)).map_err(io)?;
                 in_batch = 0;
             }
         }
         to.apply_batch(batch).map_err(io)?;
+    }
+    if stopped() {
+        drop((new, old));
+        closed(&new_dir)?;
+        closed(dir)?;
+        return Ok(None);
     }
     // Above every id the old store gave out: its base plus an id its generator has not.
     let base = blob_id_base(&old)? + old.generate_id().map_err(io)? + 1;
@@ -282,7 +298,7 @@ fn copy(dir: &Path, options: &SledOptions) -> Result<u64> {
     closed(&new_dir)?;
     closed(dir)?;
     mark(&new_dir.join(COPIED))?;
-    Ok(keys)
+    Ok(Some(keys))
 }
 
 #[cfg(test)]
@@ -330,7 +346,9 @@ mod tests {
         store_with_garbage(dir.path());
         fs::create_dir(dir.path().join("search")).unwrap();
         let before = dump(dir.path());
-        let done = compact(dir.path(), &SledOptions::default()).unwrap();
+        let done = compact(dir.path(), &SledOptions::default(), &AtomicBool::new(false))
+            .unwrap()
+            .expect("not stopped");
         assert!(done.bytes_after * 2 < done.bytes_before, "{done:?}");
         let mut after = dump(dir.path());
         // The copy adds the blob id base to the default tree, and nothing else.
@@ -346,9 +364,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         store_with_garbage(dir.path());
         let held = lock(dir.path()).unwrap();
-        copy(dir.path(), &SledOptions::default()).unwrap();
-        for refused in [recover(dir.path()), compact(dir.path(), &SledOptions::default()).map(drop)]
-        {
+        copy(dir.path(), &SledOptions::default(), &AtomicBool::new(false)).unwrap();
+        for refused in [
+            recover(dir.path()),
+            compact(dir.path(), &SledOptions::default(), &AtomicBool::new(false)).map(drop),
+        ] {
             let e = refused.unwrap_err().to_string();
             assert!(e.contains("being compacted by another process"), "{e}");
         }
@@ -356,6 +376,17 @@ mod tests {
         drop(held);
         recover(dir.path()).unwrap();
         assert!(!dir.path().join(NEW).exists());
+    }
+
+    #[test]
+    fn a_stopped_compaction_leaves_the_store_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        store_with_garbage(dir.path());
+        let before = (dump(dir.path()), sled_bytes(dir.path()).unwrap());
+        let stopped = compact(dir.path(), &SledOptions::default(), &AtomicBool::new(true));
+        assert!(stopped.unwrap().is_none());
+        assert!(!dir.path().join(NEW).exists() && !dir.path().join(OLD).exists());
+        assert_eq!((dump(dir.path()), sled_bytes(dir.path()).unwrap()), before);
     }
 
     #[test]
@@ -376,14 +407,14 @@ mod tests {
             (
                 "the copy made",
                 |d| {
-                    copy(d, &SledOptions::default()).unwrap();
+                    copy(d, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
                 },
                 true,
             ),
             (
                 "some old files moved out",
                 |d| {
-                    copy(d, &SledOptions::default()).unwrap();
+                    copy(d, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
                     fs::create_dir(d.join(OLD)).unwrap();
                     rename(&d.join("conf"), &d.join(OLD).join("conf")).unwrap();
                 },
@@ -392,7 +423,7 @@ mod tests {
             (
                 "every old file out",
                 |d| {
-                    copy(d, &SledOptions::default()).unwrap();
+                    copy(d, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
                     fs::create_dir(d.join(OLD)).unwrap();
                     for name in sled_files(d).unwrap() {
                         rename(&d.join(&name), &d.join(OLD).join(&name)).unwrap();
@@ -404,7 +435,7 @@ mod tests {
             (
                 "some new files in",
                 |d| {
-                    copy(d, &SledOptions::default()).unwrap();
+                    copy(d, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
                     fs::create_dir(d.join(OLD)).unwrap();
                     for name in sled_files(d).unwrap() {
                         rename(&d.join(&name), &d.join(OLD).join(&name)).unwrap();
