@@ -134,9 +134,9 @@ enum Command {
     Status,
     /// Process pending notifications until none is left.
     Wait,
-    /// Collect old versions, then rewrite the sled store's files to hold only what is live
-    /// (sled gives space back slowly: a store is often 2-5 times its data after a large
-    /// load). The store must not be in use: stop perc serve and perc worker first.
+    /// Collect old versions, then rewrite the sled store's files from what is live (sled
+    /// gives space back slowly: a store is often 2-6 times its data after a large load). The
+    /// store must not be in use: stop perc serve and perc worker first.
     Compact,
     /// Write a deterministic synthetic web: a site directory and/or a WARC (see perc-synth).
     Generate {
