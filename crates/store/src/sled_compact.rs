@@ -367,7 +367,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         store_with_garbage(dir.path());
         let held = lock(dir.path()).unwrap();
-        copy(dir.path(), &SledOptions::default(), &AtomicBool::new(false)).unwrap();
+        copied(dir.path());
         for refused in [
             recover(dir.path()),
             compact(dir.path(), &SledOptions::default(), &AtomicBool::new(false)).map(drop),
@@ -392,6 +392,21 @@ mod tests {
         assert_eq!((dump(dir.path()), sled_bytes(dir.path()).unwrap()), before);
     }
 
+    /// Step 1 done.
+    fn copied(dir: &Path) {
+        copy(dir, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
+    }
+
+    /// Step 2 done, without step 3's moves.
+    fn old_out(dir: &Path) {
+        copied(dir);
+        fs::create_dir(dir.join(OLD)).unwrap();
+        for name in sled_files(dir).unwrap() {
+            rename(&dir.join(&name), &dir.join(OLD).join(&name)).unwrap();
+        }
+        mark(&dir.join(NEW).join(OLD_OUT)).unwrap();
+    }
+
     #[test]
     fn each_cut_short_step_recovers_to_one_whole_store() {
         // (what was done before the crash, whether the store is then the copy)
@@ -407,43 +422,21 @@ mod tests {
                 },
                 false,
             ),
-            (
-                "the copy made",
-                |d| {
-                    copy(d, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
-                },
-                true,
-            ),
+            ("the copy made", copied, true),
             (
                 "some old files moved out",
                 |d| {
-                    copy(d, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
+                    copied(d);
                     fs::create_dir(d.join(OLD)).unwrap();
                     rename(&d.join("conf"), &d.join(OLD).join("conf")).unwrap();
                 },
                 true,
             ),
-            (
-                "every old file out",
-                |d| {
-                    copy(d, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
-                    fs::create_dir(d.join(OLD)).unwrap();
-                    for name in sled_files(d).unwrap() {
-                        rename(&d.join(&name), &d.join(OLD).join(&name)).unwrap();
-                    }
-                    mark(&d.join(NEW).join(OLD_OUT)).unwrap();
-                },
-                true,
-            ),
+            ("every old file out", old_out, true),
             (
                 "some new files in",
                 |d| {
-                    copy(d, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
-                    fs::create_dir(d.join(OLD)).unwrap();
-                    for name in sled_files(d).unwrap() {
-                        rename(&d.join(&name), &d.join(OLD).join(&name)).unwrap();
-                    }
-                    mark(&d.join(NEW).join(OLD_OUT)).unwrap();
+                    old_out(d);
                     rename(&d.join(NEW).join("db"), &d.join("db")).unwrap();
                 },
                 true,
