@@ -336,7 +336,17 @@ fn index_loop(
     let tick = Duration::from_millis(search.tick_ms);
     let batch = usize::try_from(search.batch).unwrap_or(usize::MAX);
     while !stop.is_cancelled() {
-        match rt.block_on(index.catch_up(app, batch)) {
+        // A stop ends a build or a drain between two of its store calls, as a crash would:
+        // a build not finished is begun again at the next start, and the queue keeps what
+        // was not applied. (A first build of a big store takes minutes; a stop may not.)
+        let caught = rt.block_on(async {
+            tokio::select! {
+                caught = index.catch_up(app, batch) => Some(caught),
+                () = stop.cancelled() => None,
+            }
+        });
+        let Some(caught) = caught else { break };
+        match caught {
             Ok((0, 0)) => {}
             Ok((built, applied)) => tracing::debug!(built, applied, "search: indexed"),
             Err(e) => tracing::warn!(error = %e, "search: cannot bring the index up to date"),
@@ -830,6 +840,58 @@ async fn wrong_method(method: axum::http::Method, uri: Uri) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use perc_pipeline::{Config, Fetching};
+    use perc_store::{Call, Hook, Hooked, MemStore, Store};
+
+    /// Once armed, freezes every scan, and says when the first one came.
+    struct FrozenScans(Arc<tokio::sync::Notify>, Arc<std::sync::atomic::AtomicBool>);
+
+    #[async_trait::async_trait]
+    impl Hook for FrozenScans {
+        async fn before(&self, call: Call<'_>) {
+            let armed = self.1.load(std::sync::atomic::Ordering::SeqCst);
+            if armed && matches!(call, Call::Scan(_) | Call::ScanMany(_)) {
+                self.0.notify_one();
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    #[test]
+    fn a_stop_ends_the_search_index_build_in_its_tracks() {
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let scanned = Arc::new(tokio::sync::Notify::new());
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let app = rt.block_on(async {
+            let mut config = Config::defaults();
+            config.store.backend = perc_pipeline::Backend::Memory;
+            let hook = FrozenScans(scanned.clone(), armed.clone());
+            let store = Hooked::new(MemStore::new(perc_notify::schema()), hook);
+            let store: Arc<dyn Store> = Arc::new(store);
+            Pipeline::builder(config).store(store).fetching(Fetching::Offline).open().await
+        });
+        let app = Arc::new(app.unwrap());
+        let index = Arc::new(SearchIndex::open(None).unwrap());
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let stop = CancellationToken::new();
+        let (done, returned) = std::sync::mpsc::channel();
+        let looping = {
+            let (app, index, stop, handle) =
+                (app.clone(), index.clone(), stop.clone(), rt.handle().clone());
+            std::thread::spawn(move || {
+                index_loop(&app, &index, &stop, &handle);
+                done.send(()).unwrap();
+            })
+        };
+        // The build's first scan is frozen: only the stop can end the loop now.
+        rt.block_on(scanned.notified());
+        stop.cancel();
+        assert!(
+            returned.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "the loop did not end on the stop"
+        );
+        looping.join().unwrap();
+    }
 
     fn read(started_ms: u64, took_ms: u64, base: Instant) -> Span {
         let started = base + Duration::from_millis(started_ms);
