@@ -5,9 +5,6 @@
 //! 23"). Offline: the store must not be in use by another process (sled's lock file refuses
 //! a second opener).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
 use perc_store::{Compacted, SledStore};
 use perc_txn::gc::GcReport;
 use tokio_util::sync::CancellationToken;
@@ -53,19 +50,13 @@ pub async fn compact(config: Config, stop: &CancellationToken) -> Result<Compact
     let collected = collected?;
     let options = sled_options(&config.store);
     let data = config.store.data.clone();
-    let stopping = Arc::new(AtomicBool::new(false));
-    let told = {
-        let (stop, stopping) = (stop.clone(), stopping.clone());
-        tokio::spawn(async move {
-            stop.cancelled().await;
-            stopping.store(true, Ordering::Relaxed);
-        })
-    };
-    let files = tokio::task::spawn_blocking(move || SledStore::compact(&data, &options, &stopping))
-        .await
-        .map_err(|e| PipelineError::Setup(format!("the compaction stopped: {e}")));
-    told.abort();
-    match files?? {
+    let stop = stop.clone();
+    let files = tokio::task::spawn_blocking(move || {
+        SledStore::compact(&data, &options, &|| stop.is_cancelled())
+    })
+    .await
+    .map_err(|e| PipelineError::Setup(format!("the compaction stopped: {e}")))?;
+    match files? {
         Some(files) => Ok(Compaction { collected, files }),
         None => Err(PipelineError::Interrupted),
     }

@@ -33,7 +33,7 @@ pub mod keycode;
 pub mod mem;
 mod row;
 pub mod sled_backend;
-pub mod sled_compact;
+mod sled_compact;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

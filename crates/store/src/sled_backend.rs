@@ -239,11 +239,11 @@ impl SledStore {
 
     /// Compacts the store in directory `path`, which must not be open: its live data copied
     /// into a new database that takes the old one's place (see `sled_compact`). `None`: `stop`
-    /// was set during the copy, and the store is as it was.
+    /// said so during the copy, and the store is as it was.
     pub fn compact(
         path: impl AsRef<Path>,
         options: &SledOptions,
-        stop: &std::sync::atomic::AtomicBool,
+        stop: &dyn Fn() -> bool,
     ) -> Result<Option<Compacted>> {
         crate::sled_compact::compact(path.as_ref(), options, stop)
     }

@@ -33,7 +33,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::sled_backend::{blob_id_base, io, open_db, sled_config, stored_conf, BLOB_ID_BASE};
 use crate::{Result, SledOptions, StoreError};
@@ -152,12 +151,20 @@ fn lock(dir: &Path) -> Result<fs::File> {
         .write(true)
         .open(&path)
         .map_err(fs_error(format!("cannot open {}", path.display())))?;
-    match fs2::FileExt::try_lock_exclusive(&file) {
-        Ok(()) => Ok(file),
-        Err(e) if e.kind() == fs2::lock_contended_error().kind() => Err(StoreError::Io {
+    if !try_lock(&file, &path)? {
+        return Err(StoreError::Io {
             backend: "sled",
             detail: format!("the store at {} is being compacted by another process", dir.display()),
-        }),
+        });
+    }
+    Ok(file)
+}
+
+/// Takes an exclusive lock on `file` (at `path`) if no one holds one: whether it did.
+fn try_lock(file: &fs::File, path: &Path) -> Result<bool> {
+    match fs2::FileExt::try_lock_exclusive(file) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == fs2::lock_contended_error().kind() => Ok(false),
         Err(e) => Err(fs_error(format!("cannot lock {}", path.display()))(e)),
     }
 }
@@ -205,9 +212,13 @@ fn swap(dir: &Path) -> Result<()> {
 }
 
 /// Compacts the sled store in directory `dir` (see the module's doc). The store must not be
-/// open, in this process or another. `stop` set during the copy drops the copy and returns
+/// open, in this process or another. `stop` true during the copy drops the copy and returns
 /// `None`, the store as it was; once the copy is whole, the compaction finishes.
-pub fn compact(dir: &Path, options: &SledOptions, stop: &AtomicBool) -> Result<Option<Compacted>> {
+pub fn compact(
+    dir: &Path,
+    options: &SledOptions,
+    stop: &dyn Fn() -> bool,
+) -> Result<Option<Compacted>> {
     if !dir.join("conf").exists() && !finishing(dir) {
         return Err(StoreError::Io {
             backend: "sled",
@@ -236,27 +247,22 @@ fn closed(dir: &Path) -> Result<()> {
     let file =
         fs::File::open(&path).map_err(fs_error(format!("cannot open {}", path.display())))?;
     let waited = std::time::Instant::now();
-    loop {
-        match fs2::FileExt::try_lock_exclusive(&file) {
-            Ok(()) => {
-                return fs2::FileExt::unlock(&file)
-                    .map_err(fs_error(format!("cannot unlock {}", path.display())))
-            }
-            Err(e)
-                if e.kind() == fs2::lock_contended_error().kind()
-                    && waited.elapsed() < CLOSE_WAIT =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err(e) => return Err(fs_error(format!("sled did not close {}", path.display()))(e)),
+    while !try_lock(&file, &path)? {
+        if waited.elapsed() >= CLOSE_WAIT {
+            return Err(StoreError::Io {
+                backend: "sled",
+                detail: format!("sled did not close {} in {CLOSE_WAIT:?}", path.display()),
+            });
         }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    fs2::FileExt::unlock(&file).map_err(fs_error(format!("cannot unlock {}", path.display())))
 }
 
 /// Step 1: every tree of the store in `dir` copied into `dir/NEW`, which is flushed and marked
-/// `COPIED`. Returns the keys copied, or `None` if `stop` was set before the copy was whole
+/// `COPIED`. Returns the keys copied, or `None` if `stop` said so before the copy was whole
 /// (the databases are closed; `NEW` is left to the caller to remove).
-fn copy(dir: &Path, options: &SledOptions, stop: &AtomicBool) -> Result<Option<u64>> {
+fn copy(dir: &Path, options: &SledOptions, stop: &dyn Fn() -> bool) -> Result<Option<u64>> {
     let made = stored_conf(dir);
     let new_dir: PathBuf = dir.join(NEW);
     // Two databases open at once share the cache the store is given.
@@ -266,40 +272,35 @@ fn copy(dir: &Path, options: &SledOptions, stop: &AtomicBool) -> Result<Option<u
     // compression), which sled then keeps in the copy's own `conf`.
     let new = open_db(&new_dir, &sled_config(&new_dir, &made, &options))?;
     let mut keys = 0;
-    let stopped = || stop.load(Ordering::Relaxed);
     'trees: for name in old.tree_names() {
         let (from, to) = (old.open_tree(&name).map_err(io)?, new.open_tree(&name).map_err(io)?);
         let mut batch = sled::Batch::default();
-        let mut in_batch = 0;
-        for kv in from.iter() {
+        for (n, kv) in from.iter().enumerate() {
             let (k, v) = kv.map_err(io)?;
             batch.insert(k, v);
-            in_batch += 1;
             keys += 1;
-            if in_batch == BATCH {
-                if stopped() {
+            if (n + 1) % BATCH == 0 {
+                if stop() {
                     break 'trees;
                 }
                 to.apply_batch(std::mem::take(&mut batch)).map_err(io)?;
-                in_batch = 0;
             }
         }
         to.apply_batch(batch).map_err(io)?;
     }
-    if stopped() {
-        drop((new, old));
-        closed(&new_dir)?;
-        closed(dir)?;
-        return Ok(None);
+    let whole = !stop();
+    if whole {
+        // Above every id the old store gave out: its base plus an id its generator has not.
+        let base = blob_id_base(&old)? + old.generate_id().map_err(io)? + 1;
+        new.insert(BLOB_ID_BASE, &base.to_be_bytes()).map_err(io)?;
+        new.flush().map_err(io)?;
     }
-    // Above every id the old store gave out: its base plus an id its generator has not.
-    let base = blob_id_base(&old)? + old.generate_id().map_err(io)? + 1;
-    new.insert(BLOB_ID_BASE, &base.to_be_bytes()).map_err(io)?;
-    new.flush().map_err(io)?;
-    drop(new);
-    drop(old);
+    drop((new, old));
     closed(&new_dir)?;
     closed(dir)?;
+    if !whole {
+        return Ok(None);
+    }
     mark(&new_dir.join(COPIED))?;
     Ok(Some(keys))
 }
@@ -349,9 +350,8 @@ mod tests {
         store_with_garbage(dir.path());
         fs::create_dir(dir.path().join("search")).unwrap();
         let before = dump(dir.path());
-        let done = compact(dir.path(), &SledOptions::default(), &AtomicBool::new(false))
-            .unwrap()
-            .expect("not stopped");
+        let done =
+            compact(dir.path(), &SledOptions::default(), &|| false).unwrap().expect("not stopped");
         assert!(done.bytes_after * 2 < done.bytes_before, "{done:?}");
         let mut after = dump(dir.path());
         // The copy adds the blob id base to the default tree, and nothing else.
@@ -368,10 +368,9 @@ mod tests {
         store_with_garbage(dir.path());
         let held = lock(dir.path()).unwrap();
         copied(dir.path());
-        for refused in [
-            recover(dir.path()),
-            compact(dir.path(), &SledOptions::default(), &AtomicBool::new(false)).map(drop),
-        ] {
+        for refused in
+            [recover(dir.path()), compact(dir.path(), &SledOptions::default(), &|| false).map(drop)]
+        {
             let e = refused.unwrap_err().to_string();
             assert!(e.contains("being compacted by another process"), "{e}");
         }
@@ -386,7 +385,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         store_with_garbage(dir.path());
         let before = (dump(dir.path()), sled_bytes(dir.path()).unwrap());
-        let stopped = compact(dir.path(), &SledOptions::default(), &AtomicBool::new(true));
+        let stopped = compact(dir.path(), &SledOptions::default(), &|| true);
         assert!(stopped.unwrap().is_none());
         assert!(!dir.path().join(NEW).exists() && !dir.path().join(OLD).exists());
         assert_eq!((dump(dir.path()), sled_bytes(dir.path()).unwrap()), before);
@@ -394,7 +393,7 @@ mod tests {
 
     /// Step 1 done.
     fn copied(dir: &Path) {
-        copy(dir, &SledOptions::default(), &AtomicBool::new(false)).unwrap();
+        copy(dir, &SledOptions::default(), &|| false).unwrap();
     }
 
     /// Step 2 done, without step 3's moves.

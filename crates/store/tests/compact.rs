@@ -1,8 +1,6 @@
 //! `SledStore::compact` through the store's own API: every cell, blob and own-family cell
 //! is there after a compaction, and the blobs written after it do not reuse an id.
 
-use std::sync::atomic::AtomicBool;
-
 use bytes::Bytes;
 use perc_store::conformance::schema;
 use perc_store::{
@@ -10,7 +8,9 @@ use perc_store::{
 };
 
 /// Never stops a compaction.
-static GO: AtomicBool = AtomicBool::new(false);
+fn go() -> bool {
+    false
+}
 
 fn big(row: u32, version: u32) -> Bytes {
     // Over the 256 bytes a row keeps inline: a blob.
@@ -53,7 +53,7 @@ async fn every_cell_is_kept_and_new_blobs_do_not_reuse_an_id() {
             }
             s.sync().await.unwrap();
         }
-        let done = SledStore::compact(dir.path(), &options, &GO).unwrap().unwrap();
+        let done = SledStore::compact(dir.path(), &options, &go).unwrap().unwrap();
         assert!(done.keys > 400, "{done:?}");
 
         let s = SledStore::open(dir.path(), schema(), &options).unwrap();
@@ -71,7 +71,7 @@ async fn every_cell_is_kept_and_new_blobs_do_not_reuse_an_id() {
         }
         drop(s);
         // And a second compaction keeps them all as well.
-        SledStore::compact(dir.path(), &options, &GO).unwrap();
+        SledStore::compact(dir.path(), &options, &go).unwrap();
         let s = SledStore::open(dir.path(), schema(), &options).unwrap();
         write(&s, 800..900, 5).await;
         for row in 0..800 {
@@ -84,11 +84,11 @@ async fn every_cell_is_kept_and_new_blobs_do_not_reuse_an_id() {
 #[test]
 fn an_open_or_missing_store_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let missing = SledStore::compact(dir.path(), &SledOptions::default(), &GO).unwrap_err();
+    let missing = SledStore::compact(dir.path(), &SledOptions::default(), &go).unwrap_err();
     assert!(missing.to_string().contains("no store at"), "{missing}");
 
     let open = SledStore::open(dir.path(), schema(), &SledOptions::default()).unwrap();
-    let busy = SledStore::compact(dir.path(), &SledOptions::default(), &GO).unwrap_err();
+    let busy = SledStore::compact(dir.path(), &SledOptions::default(), &go).unwrap_err();
     assert!(busy.to_string().contains("holds it"), "{busy}");
     drop(open);
     assert!(!dir.path().join("compact.new").exists(), "a refused compaction leaves nothing");
