@@ -14,9 +14,6 @@ use crate::error::{PipelineError, Result};
 use crate::open::{sled_options, Create, Fetching};
 use crate::Pipeline;
 
-/// Cells a scan of the collection pass reads.
-pub(crate) const GC_BATCH: usize = 4096;
-
 /// What [`compact`] did.
 #[derive(Clone, Debug)]
 pub struct Compaction {

@@ -262,10 +262,11 @@ impl Pipeline {
         Ok(())
     }
 
-    /// One pass of the collector over the whole store (the workers make one every
-    /// `workers.gc_interval_ms`): the versions no reader can need any more are removed.
+    /// One pass of the collector over the whole store, as the workers make one every
+    /// `workers.gc_interval_ms` (`workers.scan_batch` cells a scan): the versions no reader
+    /// can need any more are removed.
     pub async fn collect(&self) -> Result<perc_txn::gc::GcReport> {
-        Ok(perc_txn::gc::collect(&self.client, compact::GC_BATCH).await?)
+        Ok(perc_txn::gc::collect(&self.client, self.engine.config().scan_batch).await?)
     }
 
     /// Deregisters this process's clients and makes every commit durable.
