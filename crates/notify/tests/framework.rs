@@ -524,33 +524,41 @@ fn failing_observer_is_parked_then_recovers() {
 #[test]
 fn a_panicking_observer_is_parked_and_the_workers_go_quiet() {
     rt().block_on(async {
-        struct Fragile;
-        #[async_trait]
-        impl Observer for Fragile {
-            async fn observe(
-                &self,
-                txn: &mut Transaction,
-                row: &Bytes,
-                _c: &Bytes,
-            ) -> Result<(), ObserverError> {
-                if row.as_ref() == b"bad" {
-                    panic!("no title on this page");
-                }
-                txn.set(row.clone(), "ok", "yes");
-                Ok(())
-            }
-        }
         let mut reg = Registry::new();
-        reg.register("fragile", "v", NotifyKind::Strong, Arc::new(Fragile)).unwrap();
+        let fragile = Arc::new(Echo { panics_on: Some(b"bad") });
+        reg.register("fragile", "v", NotifyKind::Strong, fragile).unwrap();
         let env = Env::new(Arc::new(MemStore::new(perc_notify::schema())), reg, false).await;
-        quiet_with_bad_parked(&env, "fragile: panicked: no title on this page", "").await;
+        quiet_with_bad_parked(&env, "fragile: panicked: no title on this page").await;
     });
+}
+
+/// Writes `ok` = "yes" in row `<row>-out` for each notified row; panics on row `panics_on`
+/// (a bug some page finds).
+struct Echo {
+    panics_on: Option<&'static [u8]>,
+}
+
+#[async_trait]
+impl Observer for Echo {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        _c: &Bytes,
+    ) -> Result<(), ObserverError> {
+        if self.panics_on == Some(row.as_ref()) {
+            panic!("no title on this page");
+        }
+        let out = format!("{}-out", String::from_utf8_lossy(row));
+        txn.set(out, "ok", "yes");
+        Ok(())
+    }
 }
 
 /// Notifies rows `bad`, `good` and `good2` (column `v`), and runs workers that park a
 /// notification at its first failure: they go quiet with `bad`'s notification parked with
-/// `detail`, and the other two rows' runs written (`ok` = "yes" in row `<row><out>`).
-async fn quiet_with_bad_parked(env: &Env, detail: &str, out: &str) {
+/// `detail`, and the other two rows' runs written (`ok` = "yes" in row `<row>-out`).
+async fn quiet_with_bad_parked(env: &Env, detail: &str) {
     for row in ["bad", "good", "good2"] {
         env.write(row, "v", "x").await;
     }
@@ -565,7 +573,7 @@ async fn quiet_with_bad_parked(env: &Env, detail: &str, out: &str) {
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0].detail, detail);
     for row in ["good", "good2"] {
-        assert_eq!(env.read(&format!("{row}{out}"), "ok").await.unwrap(), "yes");
+        assert_eq!(env.read(&format!("{row}-out"), "ok").await.unwrap(), "yes");
     }
     assert_eq!(env.notify_cells().await, 0);
     workers.shutdown().await;
@@ -577,20 +585,6 @@ async fn quiet_with_bad_parked(env: &Env, detail: &str, out: &str) {
 #[test]
 fn a_panic_in_a_runs_commit_is_parked_and_the_workers_go_quiet() {
     rt().block_on(async {
-        struct Echo;
-        #[async_trait]
-        impl Observer for Echo {
-            async fn observe(
-                &self,
-                txn: &mut Transaction,
-                row: &Bytes,
-                _c: &Bytes,
-            ) -> Result<(), ObserverError> {
-                let out = format!("{}-out", String::from_utf8_lossy(row));
-                txn.set(out, "ok", "yes");
-                Ok(())
-            }
-        }
         /// Panics in the store call that prewrites `bad-out`.
         struct Boom;
         #[async_trait]
@@ -602,10 +596,10 @@ fn a_panic_in_a_runs_commit_is_parked_and_the_workers_go_quiet() {
             }
         }
         let mut reg = Registry::new();
-        reg.register("echo", "v", NotifyKind::Strong, Arc::new(Echo)).unwrap();
+        reg.register("echo", "v", NotifyKind::Strong, Arc::new(Echo { panics_on: None })).unwrap();
         let store = Arc::new(Hooked::new(MemStore::new(perc_notify::schema()), Boom));
         let env = Env::new(store, reg, false).await;
-        quiet_with_bad_parked(&env, "echo: panicked: the prewrite of bad-out broke", "-out").await;
+        quiet_with_bad_parked(&env, "echo: panicked: the prewrite of bad-out broke").await;
     });
 }
 
