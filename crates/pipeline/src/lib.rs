@@ -91,42 +91,53 @@ impl Pipeline {
         } else {
             None
         };
-        let mut interrupted = false;
-        let mut failed = None;
         let mut nobody = Nobody::default();
         let mut last = Reported::new(&self.engine);
         let mut backlog_said = Instant::now();
-        {
-            let wait = workers.wait();
-            tokio::pin!(wait);
+        // The progress lines are written beside the wait, not in a branch of a select over
+        // it: a report awaits the engine's clear lock, which the wait may hold or be queued
+        // for, and a wait left unpolled meanwhile would never let it go (see [`alongside`]).
+        let ticking = async {
             loop {
-                tokio::select! {
-                    r = &mut wait => { failed = r.err(); break; }
-                    _ = stop.cancelled() => { interrupted = true; break; }
-                    _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                        if self.config.workers.scanners == 0 {
-                            self.check_somebody_works(&mut nobody).await;
-                        }
-                        let every = self.config.workers.report_ms;
-                        if every > 0 && last.at.elapsed() >= Duration::from_millis(every) {
-                            self.report(&mut last).await;
-                        }
-                        if let Some(b) = &bar {
-                            let s = summarize(&self.engine.stats());
-                            let backlog = self.backlog().await;
-                            let rate = s.fetched as f64 / started.elapsed().as_secs_f64().max(0.001);
-                            b.set_message(format!("{what}: {backlog}; here {} fetched, {} parsed, {rate:.1} pages/s", s.fetched, s.parsed));
-                        } else if watching && backlog_said.elapsed() >= BACKLOG_LINE_EVERY {
-                            // Off a terminal, a process waiting on others says what it waits
-                            // for now and then (a closed stderr is no reason to stop).
-                            backlog_said = Instant::now();
-                            let backlog = self.backlog().await;
-                            let _ = writeln!(std::io::stderr(), "perc {what}: {backlog}");
-                        }
-                    }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                if self.config.workers.scanners == 0 {
+                    self.check_somebody_works(&mut nobody).await;
+                }
+                let every = self.config.workers.report_ms;
+                if every > 0 && last.at.elapsed() >= Duration::from_millis(every) {
+                    self.report(&mut last).await;
+                }
+                if let Some(b) = &bar {
+                    let s = summarize(&self.engine.stats());
+                    let backlog = self.backlog().await;
+                    let rate = s.fetched as f64 / started.elapsed().as_secs_f64().max(0.001);
+                    b.set_message(format!(
+                        "{what}: {backlog}; here {} fetched, {} parsed, {rate:.1} pages/s",
+                        s.fetched, s.parsed
+                    ));
+                } else if watching && backlog_said.elapsed() >= BACKLOG_LINE_EVERY {
+                    // Off a terminal, a process waiting on others says what it waits for now
+                    // and then (a closed stderr is no reason to stop).
+                    backlog_said = Instant::now();
+                    let backlog = self.backlog().await;
+                    let _ = writeln!(std::io::stderr(), "perc {what}: {backlog}");
                 }
             }
-        }
+        };
+        let waited = alongside(
+            async {
+                tokio::select! {
+                    r = workers.wait() => Some(r),
+                    _ = stop.cancelled() => None,
+                }
+            },
+            ticking,
+        )
+        .await;
+        let (interrupted, failed) = match waited {
+            Some(r) => (false, r.err()),
+            None => (true, None),
+        };
         if let Some(b) = bar {
             b.finish_and_clear();
         }
@@ -944,6 +955,23 @@ pub struct RunSummary {
     pub seconds: f64,
 }
 
+/// Awaits `work` while `beside` (a loop that never ends: progress reports) runs alongside it,
+/// each polled whenever the task wakes. Awaiting a report in a select branch's body instead
+/// leaves the pinned `work` unpolled for as long as the body runs; if `work` holds an async
+/// lock the report waits for, or is first in its queue, neither moves again (a "futurelock":
+/// `perc replay` hung so, one run in about twenty, when a report met the wait's clear of
+/// settled notifications).
+async fn alongside<T>(
+    work: impl std::future::Future<Output = T>,
+    beside: impl std::future::Future<Output = ()>,
+) -> T {
+    tokio::pin!(work);
+    tokio::select! {
+        out = &mut work => out,
+        () = beside => work.await,
+    }
+}
+
 fn summarize(stats: &[ObserverStats]) -> RunSummary {
     let get = |name: &str| stats.iter().find(|s| s.name == name);
     RunSummary {
@@ -951,5 +979,32 @@ fn summarize(stats: &[ObserverStats]) -> RunSummary {
         parsed: get("parse").map_or(0, |s| s.commits),
         failures: stats.iter().map(|s| s.failures).sum(),
         seconds: 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_report_waiting_on_what_the_work_holds_does_not_wedge_it() {
+        // The work takes a lock and keeps it until a report has begun; the report then waits
+        // for the lock. Run in a select branch's body, the report would wait forever.
+        let lock = tokio::sync::Mutex::new(());
+        let reporting = tokio::sync::Notify::new();
+        let work = async {
+            let _held = lock.lock().await;
+            reporting.notified().await;
+            "done"
+        };
+        let report = async {
+            loop {
+                tokio::task::yield_now().await;
+                reporting.notify_one();
+                let _turn = lock.lock().await;
+            }
+        };
+        let done = tokio::time::timeout(Duration::from_secs(30), alongside(work, report)).await;
+        assert_eq!(done, Ok("done"), "the work was wedged by the report");
     }
 }
