@@ -12,14 +12,13 @@ use common::root;
 
 /// Runs perc in `cwd` with the test configuration and no `--data`.
 fn perc_in(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(common::PERC)
-        .current_dir(cwd)
+    let mut perc = Command::new(common::PERC);
+    perc.current_dir(cwd)
         .arg("--config")
         .arg(root().join("config/test.toml"))
         .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run perc")
+        .env_remove("RUST_LOG");
+    common::finish(perc, &format!("perc {}", args.join(" ")))
 }
 
 fn fixture_warc() -> PathBuf {

@@ -80,7 +80,7 @@ impl Cluster {
     }
 
     fn run(&self, args: &[&str]) -> String {
-        ok(&self.command(args).output().expect("run perc"))
+        ok(&common::finish(self.command(args), &format!("perc {}", args.join(" "))))
     }
 
     fn worker(&self) -> Proc {

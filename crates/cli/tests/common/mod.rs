@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use perc_cli::site;
 
@@ -26,9 +27,41 @@ pub fn ok(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
+/// How long one perc command of a test may take: a command that hangs fails its test with
+/// its arguments and what it wrote, well before nextest's own limit ends the test unnamed.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(150);
+
 /// Runs perc on the store `data` with the test configuration.
 pub fn perc(data: &Path, args: &[&str]) -> Output {
-    command(data, args).output().expect("run perc")
+    finish(command(data, args), &format!("perc {}", args.join(" ")))
+}
+
+/// Runs `cmd` (described by `what`) to its end, its output collected; kills it and fails the
+/// test if it outlasts [`COMMAND_DEADLINE`].
+pub fn finish(mut cmd: Command, what: &str) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(COMMAND_DEADLINE) {
+        Ok(out) => out.unwrap_or_else(|e| panic!("cannot run {what}: {e}")),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let out = waiter.join().ok().and_then(|_| rx.recv().ok()).and_then(|o| o.ok());
+            let stderr = out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned());
+            panic!(
+                "{what} did not finish in {COMMAND_DEADLINE:?}; killed. Its stderr:\n{}",
+                stderr.unwrap_or_default()
+            );
+        }
+    }
 }
 
 /// perc on the store `data` with the test configuration and `args`, not started yet. An
