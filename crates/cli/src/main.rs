@@ -464,7 +464,7 @@ async fn dispatch(
         Command::Search { query, limit } => {
             let limit = search_limit(&config, limit)?;
             let app = existing!(config, Fetching::Offline);
-            let hits = search(&app, &query.join(" "), limit).await;
+            let hits = search(&app, &query.join(" "), limit, &stop).await;
             app.close().await?;
             print_hits(&query.join(" "), hits?)
         }
@@ -720,8 +720,14 @@ fn print_hits(query: &str, hits: Vec<perc_search::Hit>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `perc search`: catches the search index up with the store, then asks it.
-async fn search(app: &Pipeline, query: &str, limit: usize) -> Result<Vec<perc_search::Hit>> {
+/// `perc search`: catches the search index up with the store, then asks it. SIGINT/SIGTERM
+/// during the catch-up (a first build of a big store takes minutes) stops it there.
+async fn search(
+    app: &Pipeline,
+    query: &str,
+    limit: usize,
+    stop: &CancellationToken,
+) -> Result<Vec<perc_search::Hit>> {
     use perc_search::{SearchError, SearchIndex};
     let below = |e: SearchError| match e {
         SearchError::Pipeline(p) => anyhow::Error::from(p),
@@ -730,7 +736,9 @@ async fn search(app: &Pipeline, query: &str, limit: usize) -> Result<Vec<perc_se
     let index = SearchIndex::open(SearchIndex::path_for(&app.config().store.data).as_deref())
         .map_err(below)?;
     let batch = usize::try_from(app.config().search.batch).unwrap_or(usize::MAX);
-    index.catch_up(app, batch).await.map_err(below)?;
+    if index.catch_up(app, batch, stop).await.map_err(below)?.is_none() {
+        return Err(PipelineError::Interrupted.into());
+    }
     index.search(query, limit).map_err(below)
 }
 

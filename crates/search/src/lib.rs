@@ -20,6 +20,7 @@ use tantivy::schema::{
 };
 use tantivy::{DocId, Index, IndexReader, IndexWriter, ReloadPolicy, Score, SegmentReader};
 use tantivy::{TantivyDocument, Term};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SearchError {
@@ -209,11 +210,26 @@ impl SearchIndex {
 
     /// Brings the index up to date with the store: builds it if it is not built, then
     /// drains every bucket of the queue, `batch` rows a transaction. Returns the documents
-    /// built and the URLs applied.
-    pub async fn catch_up(&self, pipeline: &Pipeline, batch: usize) -> Result<(usize, usize)> {
-        let built = if self.is_built()? { 0 } else { self.build(pipeline).await? };
-        let applied = pipeline.drain_search(batch, |q| self.apply(q)).await??;
-        Ok((built, applied))
+    /// built and the URLs applied, or `None` if `stop` came first. A stop ends a build or a
+    /// drain between two of its store calls, as a crash would: a build not finished is begun
+    /// again by the next catch-up, and the queue keeps what was not applied. (A first build
+    /// of a big store takes minutes; a stop may not.)
+    pub async fn catch_up(
+        &self,
+        pipeline: &Pipeline,
+        batch: usize,
+        stop: &CancellationToken,
+    ) -> Result<Option<(usize, usize)>> {
+        let catching_up = async {
+            let built = if self.is_built()? { 0 } else { self.build(pipeline).await? };
+            let applied = pipeline.drain_search(batch, |q| self.apply(q)).await??;
+            Ok((built, applied))
+        };
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => Ok(None),
+            caught = catching_up => caught.map(Some),
+        }
     }
 
     /// The best `limit` pages for `query` (tantivy's query language: words, "phrases",

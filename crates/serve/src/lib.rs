@@ -336,19 +336,10 @@ fn index_loop(
     let tick = Duration::from_millis(search.tick_ms);
     let batch = usize::try_from(search.batch).unwrap_or(usize::MAX);
     while !stop.is_cancelled() {
-        // A stop ends a build or a drain between two of its store calls, as a crash would:
-        // a build not finished is begun again at the next start, and the queue keeps what
-        // was not applied. (A first build of a big store takes minutes; a stop may not.)
-        let caught = rt.block_on(async {
-            tokio::select! {
-                caught = index.catch_up(app, batch) => Some(caught),
-                () = stop.cancelled() => None,
-            }
-        });
-        let Some(caught) = caught else { break };
-        match caught {
-            Ok((0, 0)) => {}
-            Ok((built, applied)) => tracing::debug!(built, applied, "search: indexed"),
+        match rt.block_on(index.catch_up(app, batch, stop)) {
+            Ok(None) => break,
+            Ok(Some((0, 0))) => {}
+            Ok(Some((built, applied))) => tracing::debug!(built, applied, "search: indexed"),
             Err(e) => tracing::warn!(error = %e, "search: cannot bring the index up to date"),
         }
         rt.block_on(async {
