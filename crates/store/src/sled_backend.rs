@@ -470,35 +470,10 @@ impl SledStore {
     }
 
     fn scan_sync(&self, scan: &Scan) -> Result<Vec<ScanCell>> {
-        let mut out = Vec::new();
         match self.schema.locality(scan.family)? {
-            Locality::Row => {
-                let end = if scan.end.is_empty() {
-                    Bound::Unbounded
-                } else {
-                    Bound::Excluded(scan.end.as_ref())
-                };
-                for kv in self.rows.range::<&[u8], _>((Bound::Included(scan.start.as_ref()), end)) {
-                    let (row, raw) = kv.map_err(io)?;
-                    let cells = self.decode_row(Some(&raw))?;
-                    for (q, ts, v) in cells.family_cells(scan.family) {
-                        if out.len() >= scan.limit {
-                            return Ok(out);
-                        }
-                        // A blob deleted since we read the row is a cell deleted since the
-                        // scan began; a scan is not a snapshot, so skipping it is correct.
-                        if let Some(value) = self.load(v)? {
-                            out.push(ScanCell {
-                                row: Bytes::from(row.to_vec()),
-                                qualifier: q.clone(),
-                                ts,
-                                value,
-                            });
-                        }
-                    }
-                }
-            }
+            Locality::Row => Ok(self.scan_rows(&[scan])?.pop().unwrap_or_default()),
             Locality::Own => {
+                let mut out = Vec::new();
                 let tree = self.own_tree(scan.family);
                 let mut lo = Vec::new();
                 keycode::encode_bytes(&mut lo, &scan.start);
@@ -523,6 +498,78 @@ impl SledStore {
                         value: Bytes::from(v.to_vec()),
                     });
                 }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Several scans in one pass per range of row families: the row-family scans of one
+    /// range share a walk over its rows, each row decoded once (a transaction's scan reads
+    /// the `lock` and `write` families of its range so; `perc status` the locks and leases
+    /// of the whole table). Own families' scans read their own trees.
+    fn scan_many_sync(&self, scans: &[Scan]) -> Result<Vec<Vec<ScanCell>>> {
+        let in_rows: Vec<bool> = scans
+            .iter()
+            .map(|s| Ok(self.schema.locality(s.family)? == Locality::Row))
+            .collect::<Result<_>>()?;
+        let mut out: Vec<Option<Vec<ScanCell>>> = vec![None; scans.len()];
+        for i in 0..scans.len() {
+            if out[i].is_some() {
+                continue;
+            }
+            if !in_rows[i] {
+                out[i] = Some(self.scan_sync(&scans[i])?);
+                continue;
+            }
+            let (start, end) = (&scans[i].start, &scans[i].end);
+            let group: Vec<usize> = (i..scans.len())
+                .filter(|&j| {
+                    out[j].is_none()
+                        && in_rows[j]
+                        && scans[j].start == *start
+                        && scans[j].end == *end
+                })
+                .collect();
+            let shared: Vec<&Scan> = group.iter().map(|&j| &scans[j]).collect();
+            for (j, cells) in group.into_iter().zip(self.scan_rows(&shared)?) {
+                out[j] = Some(cells);
+            }
+        }
+        Ok(out.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// Row-family scans that share one range (the first's), in one walk over its rows: each
+    /// scan gets the cells of its family, up to its limit, as a scan of its own would.
+    fn scan_rows(&self, scans: &[&Scan]) -> Result<Vec<Vec<ScanCell>>> {
+        let mut out: Vec<Vec<ScanCell>> = vec![Vec::new(); scans.len()];
+        let Some(first) = scans.first() else { return Ok(out) };
+        let full = |out: &[Vec<ScanCell>]| scans.iter().zip(out).all(|(s, f)| f.len() >= s.limit);
+        if full(&out) {
+            return Ok(out);
+        }
+        let end = if first.end.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(first.end.as_ref())
+        };
+        for kv in self.rows.range::<&[u8], _>((Bound::Included(first.start.as_ref()), end)) {
+            let (row, raw) = kv.map_err(io)?;
+            let cells = self.decode_row(Some(&raw))?;
+            let row = Bytes::from(row.to_vec());
+            for (scan, found) in scans.iter().zip(out.iter_mut()) {
+                for (q, ts, v) in cells.family_cells(scan.family) {
+                    if found.len() >= scan.limit {
+                        break;
+                    }
+                    // A blob deleted since we read the row is a cell deleted since the scan
+                    // began; a scan is not a snapshot, so skipping it is correct.
+                    if let Some(value) = self.load(v)? {
+                        found.push(ScanCell { row: row.clone(), qualifier: q.clone(), ts, value });
+                    }
+                }
+            }
+            if full(&out) {
+                break;
             }
         }
         Ok(out)
@@ -570,6 +617,10 @@ impl Store for SledStore {
 
     async fn scan(&self, scan: &Scan) -> Result<Vec<ScanCell>> {
         self.scan_sync(scan)
+    }
+
+    async fn scan_many(&self, scans: &[Scan]) -> Result<Vec<Vec<ScanCell>>> {
+        self.scan_many_sync(scans)
     }
 
     async fn sync(&self) -> Result<()> {
