@@ -2,7 +2,7 @@
 //! time), one URL's record, a URL's canonical. Each reads one snapshot.
 
 use bytes::Bytes;
-use perc_txn::Client;
+use perc_txn::{Client, RangeScan};
 use url::Url;
 
 use crate::model::{self, col, ExportLine, Meta, Want};
@@ -57,7 +57,20 @@ pub async fn report_since(
         pages: t.scan_rows(b"p:", b"p;", col::EXPORT_LINE).await?.len(),
         ..Report::default()
     };
-    let members = t.scan(b"c:", b"c;", col::MEMBER).await?;
+    // The clusters, and the pages' records and wants: one call, one walk over the pages.
+    let mut scanned = t
+        .scan_each(&[
+            RangeScan::new(b"c:", b"c;", col::MEMBER),
+            RangeScan::new(b"p:", b"p;", col::META),
+            RangeScan::new(b"p:", b"p;", col::WANT),
+        ])
+        .await?
+        .into_iter();
+    let (members, metas, wants) = (
+        scanned.next().unwrap_or_default(),
+        scanned.next().unwrap_or_default(),
+        scanned.next().unwrap_or_default(),
+    );
     let mut last: Option<&[u8]> = None;
     let mut size = 0;
     for (row, _) in &members {
@@ -73,7 +86,6 @@ pub async fn report_since(
     }
     let seed_rows: std::collections::BTreeSet<Bytes> =
         seeds.iter().map(|s| model::page(s.as_str())).collect();
-    let metas = t.scan(b"p:", b"p;", col::META).await?;
     for (row, raw) in &metas {
         let meta: Meta = serde_json::from_slice(raw)
             .map_err(|e| IndexError::corrupt(format!("page:meta of {}", row.escape_ascii()), e))?;
@@ -92,7 +104,7 @@ pub async fn report_since(
     }
     r.fetched = metas.len();
     let fetched: std::collections::BTreeSet<&Bytes> = metas.iter().map(|(row, _)| row).collect();
-    for (row, raw) in t.scan(b"p:", b"p;", col::WANT).await? {
+    for (row, raw) in wants {
         if !fetched.contains(&row) {
             r.waiting += 1;
             continue;

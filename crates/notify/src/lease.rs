@@ -187,24 +187,29 @@ impl StoreLease {
     }
 }
 
-/// Unexpired store leases by holder (for `perc status`): one scan of the lease family.
-pub async fn leases_by_holder(
-    store: &dyn Store,
-    now_ms: u64,
-) -> perc_store::Result<std::collections::BTreeMap<ClientId, usize>> {
-    let scan = perc_store::Scan {
+/// A scan of every store lease, for [`leases_by_holder`] (`perc status` reads it in the same
+/// call as the locks: both families live in the rows, and one walk over them reads both).
+pub fn every_lease() -> perc_store::Scan {
+    perc_store::Scan {
         family: LEASE.name,
         start: Bytes::new(),
         end: Bytes::new(),
         limit: usize::MAX,
-    };
+    }
+}
+
+/// The unexpired leases among `cells` (what [`every_lease`] found), by holder.
+pub fn leases_by_holder(
+    cells: &[perc_store::ScanCell],
+    now_ms: u64,
+) -> std::collections::BTreeMap<ClientId, usize> {
     let mut by = std::collections::BTreeMap::new();
-    for cell in store.scan(&scan).await? {
+    for cell in cells {
         if let Some(holder) = ClientId::from_hex(&cell.value).filter(|_| cell.ts.0 > now_ms) {
             *by.entry(holder).or_default() += 1;
         }
     }
-    Ok(by)
+    by
 }
 
 #[async_trait]

@@ -746,18 +746,18 @@ impl Pipeline {
         add_stats(&mut counters, &unsaved.delta);
         add_hosts(&mut hosts, &unsaved.hosts_delta);
         let parked = self.engine.failed_list().await?;
-        let locks = self
-            .store
-            .scan(&perc_store::Scan {
-                family: perc_txn::actions::LOCK.name,
-                start: Bytes::new(),
-                end: Bytes::new(),
-                limit: 1_000_000,
-            })
-            .await?
-            .len();
+        // Locks and leases live in the rows: one call, one walk over them for both.
+        let every_lock = perc_store::Scan {
+            family: perc_txn::actions::LOCK.name,
+            start: Bytes::new(),
+            end: Bytes::new(),
+            limit: 1_000_000,
+        };
+        let mut found =
+            self.store.scan_many(&[every_lock, perc_notify::lease::every_lease()]).await?;
         let now = self.client.clock().now_ms();
-        let leases = perc_notify::lease::leases_by_holder(self.store.as_ref(), now).await?;
+        let leases = perc_notify::lease::leases_by_holder(&found.pop().unwrap_or_default(), now);
+        let locks = found.pop().unwrap_or_default().len();
         // A process registers more than one client: one line a process, this one left out.
         let me = self.engine.client().id();
         let mut by_process = std::collections::BTreeMap::<perc_txn::ClientId, WorkerStatus>::new();
