@@ -154,6 +154,16 @@ pub(crate) fn encode(row: &RowCells<Stored>) -> Vec<u8> {
 
 /// Decodes a row written by [`encode`]. Families are mapped back to the schema's names.
 pub(crate) fn decode(schema: &Schema, raw: &[u8]) -> Result<RowCells<Stored>, StoreError> {
+    decode_families(schema, raw, &|_| true)
+}
+
+/// [`decode`], keeping only the families `keep` says yes to: the others are read past, their
+/// qualifiers and values not copied (a scan of the `lock` family skips the pages' records).
+pub(crate) fn decode_families(
+    schema: &Schema,
+    raw: &[u8],
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<RowCells<Stored>, StoreError> {
     let corrupt =
         |what: &str| StoreError::Corrupt { backend: "sled", detail: format!("row record: {what}") };
     let mut r = Reader { buf: raw };
@@ -167,24 +177,29 @@ pub(crate) fn decode(schema: &Schema, raw: &[u8]) -> Result<RowCells<Stored>, St
         let family = schema.family(family).ok_or_else(|| {
             corrupt(&format!("family {:?} not in schema", String::from_utf8_lossy(family)))
         })?;
-        let qualifier = Bytes::copy_from_slice(r.bytes().ok_or_else(|| corrupt("qualifier"))?);
+        let kept = keep(family.name);
+        let qualifier = r.bytes().ok_or_else(|| corrupt("qualifier"))?;
         let n = r.varint().ok_or_else(|| corrupt("version count"))?;
-        let mut versions = Vec::with_capacity(n.min(1024) as usize);
+        let mut versions = Vec::with_capacity(if kept { n.min(1024) as usize } else { 0 });
         for _ in 0..n {
             let ts = Ts(r.varint().ok_or_else(|| corrupt("timestamp"))?);
             let v = match r.byte() {
-                Some(0) => Stored::Inline(Bytes::copy_from_slice(
-                    r.bytes().ok_or_else(|| corrupt("value"))?,
-                )),
-                Some(1) => Stored::Blob {
-                    id: r.varint().ok_or_else(|| corrupt("blob id"))?,
-                    len: r.varint().ok_or_else(|| corrupt("blob length"))?,
-                },
+                Some(0) => {
+                    let value = r.bytes().ok_or_else(|| corrupt("value"))?;
+                    kept.then(|| Stored::Inline(Bytes::copy_from_slice(value)))
+                }
+                Some(1) => {
+                    let id = r.varint().ok_or_else(|| corrupt("blob id"))?;
+                    let len = r.varint().ok_or_else(|| corrupt("blob length"))?;
+                    kept.then_some(Stored::Blob { id, len })
+                }
                 _ => return Err(corrupt("value tag")),
             };
-            versions.push((ts, v));
+            versions.extend(v.map(|v| (ts, v)));
         }
-        row.columns.insert((family.name, qualifier), versions);
+        if kept {
+            row.columns.insert((family.name, Bytes::copy_from_slice(qualifier)), versions);
+        }
     }
     if !r.buf.is_empty() {
         return Err(corrupt("trailing bytes"));
@@ -255,5 +270,27 @@ mod tests {
         let read = decoded.read(&ColumnRead::all(c, TsRange::ALL));
         assert_eq!(read.iter().map(|(t, _)| t.0).collect::<Vec<_>>(), vec![9, 3]);
         assert!(decode(&schema, &encode(&row)[..5]).is_err());
+    }
+
+    #[test]
+    fn a_decode_of_some_families_keeps_those_whole_and_only_those() {
+        let families = ["a", "b", "c"].map(|name| FamilySpec { name, locality: Locality::Row });
+        let schema = Schema::new(families);
+        let mut row = RowCells::default();
+        for (f, q) in [("a", "x"), ("b", "x"), ("b", "y"), ("c", "")] {
+            row.put(&Column::new(f, q), Ts(2), Stored::Inline(Bytes::from(format!("{f}{q}"))));
+            row.put(&Column::new(f, q), Ts(5), Stored::Blob { id: 4, len: 9000 });
+        }
+        let raw = encode(&row);
+        let kept = decode_families(&schema, &raw, &|f| f != "b").unwrap();
+        let mut expected = decode(&schema, &raw).unwrap();
+        expected.columns.retain(|(f, _), _| *f != "b");
+        assert_eq!(kept, expected);
+        assert_eq!(kept.columns.len(), 2);
+        assert!(decode_families(&schema, &raw, &|_| false).unwrap().is_empty());
+        // What it reads past is checked as a whole decode checks it.
+        for cut in 1..raw.len() {
+            assert!(decode_families(&schema, &raw[..cut], &|f| f == "a").is_err(), "{cut}");
+        }
     }
 }
