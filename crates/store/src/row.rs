@@ -154,15 +154,16 @@ pub(crate) fn encode(row: &RowCells<Stored>) -> Vec<u8> {
 
 /// Decodes a row written by [`encode`]. Families are mapped back to the schema's names.
 pub(crate) fn decode(schema: &Schema, raw: &[u8]) -> Result<RowCells<Stored>, StoreError> {
-    decode_families(schema, raw, &|_| true)
+    decode_only(schema, raw, &|_, _| true)
 }
 
-/// [`decode`], keeping only the families `keep` says yes to: the others are read past, their
-/// qualifiers and values not copied (a scan of the `lock` family skips the pages' records).
-pub(crate) fn decode_families(
+/// [`decode`], keeping only the columns (family, qualifier) `keep` says yes to: the others
+/// are read past, their qualifiers and values not copied (a scan of the `lock` family skips
+/// the pages' records; a read of two columns, the row's others).
+pub(crate) fn decode_only(
     schema: &Schema,
     raw: &[u8],
-    keep: &dyn Fn(&str) -> bool,
+    keep: &dyn Fn(&str, &[u8]) -> bool,
 ) -> Result<RowCells<Stored>, StoreError> {
     let corrupt =
         |what: &str| StoreError::Corrupt { backend: "sled", detail: format!("row record: {what}") };
@@ -177,8 +178,8 @@ pub(crate) fn decode_families(
         let family = schema.family(family).ok_or_else(|| {
             corrupt(&format!("family {:?} not in schema", String::from_utf8_lossy(family)))
         })?;
-        let kept = keep(family.name);
         let qualifier = r.bytes().ok_or_else(|| corrupt("qualifier"))?;
+        let kept = keep(family.name, qualifier);
         let n = r.varint().ok_or_else(|| corrupt("version count"))?;
         let mut versions = Vec::with_capacity(if kept { n.min(1024) as usize } else { 0 });
         for _ in 0..n {
@@ -273,7 +274,7 @@ mod tests {
     }
 
     #[test]
-    fn a_decode_of_some_families_keeps_those_whole_and_only_those() {
+    fn a_decode_of_some_columns_keeps_those_whole_and_only_those() {
         let families = ["a", "b", "c"].map(|name| FamilySpec { name, locality: Locality::Row });
         let schema = Schema::new(families);
         let mut row = RowCells::default();
@@ -282,15 +283,15 @@ mod tests {
             row.put(&Column::new(f, q), Ts(5), Stored::Blob { id: 4, len: 9000 });
         }
         let raw = encode(&row);
-        let kept = decode_families(&schema, &raw, &|f| f != "b").unwrap();
+        let kept = decode_only(&schema, &raw, &|f, q| f != "b" || q == b"y").unwrap();
         let mut expected = decode(&schema, &raw).unwrap();
-        expected.columns.retain(|(f, _), _| *f != "b");
+        expected.columns.retain(|(f, q), _| *f != "b" || q == "y");
         assert_eq!(kept, expected);
-        assert_eq!(kept.columns.len(), 2);
-        assert!(decode_families(&schema, &raw, &|_| false).unwrap().is_empty());
+        assert_eq!(kept.columns.len(), 3);
+        assert!(decode_only(&schema, &raw, &|_, _| false).unwrap().is_empty());
         // What it reads past is checked as a whole decode checks it.
         for cut in 1..raw.len() {
-            assert!(decode_families(&schema, &raw[..cut], &|f| f == "a").is_err(), "{cut}");
+            assert!(decode_only(&schema, &raw[..cut], &|f, _| f == "a").is_err(), "{cut}");
         }
     }
 }

@@ -419,9 +419,16 @@ impl SledStore {
             [],
             false,
         )?;
+        // Only the columns read are decoded, not the row's others.
+        let read = |family: &str, qualifier: &[u8]| {
+            reads.iter().any(|r| r.column.family == family && r.column.qualifier == qualifier)
+        };
         'retry: for _ in 0..BLOB_RETRIES {
             let raw = self.rows.get(row).map_err(io)?;
-            let cells = self.decode_row(raw.as_deref())?;
+            let cells = match raw {
+                Some(raw) => row::decode_only(&self.schema, &raw, &read)?,
+                None => RowCells::default(),
+            };
             let mut out = Vec::with_capacity(reads.len());
             for read in reads {
                 let got = match self.schema.locality(read.column.family)? {
@@ -545,7 +552,7 @@ impl SledStore {
         let Some(first) = scans.first() else { return Ok(out) };
         let full = |out: &[Vec<ScanCell>]| scans.iter().zip(out).all(|(s, f)| f.len() >= s.limit);
         // Only the scanned families are decoded (a scan of `lock` skips the pages' records).
-        let scanned = |family: &str| scans.iter().any(|s| s.family == family);
+        let scanned = |family: &str, _: &[u8]| scans.iter().any(|s| s.family == family);
         if full(&out) {
             return Ok(out);
         }
@@ -556,7 +563,7 @@ impl SledStore {
         };
         for kv in self.rows.range::<&[u8], _>((Bound::Included(first.start.as_ref()), end)) {
             let (row, raw) = kv.map_err(io)?;
-            let cells = row::decode_families(&self.schema, &raw, &scanned)?;
+            let cells = row::decode_only(&self.schema, &raw, &scanned)?;
             let row = Bytes::from(row.to_vec());
             for (scan, found) in scans.iter().zip(out.iter_mut()) {
                 for (q, ts, v) in cells.family_cells(scan.family) {
