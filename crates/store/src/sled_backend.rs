@@ -420,13 +420,13 @@ impl SledStore {
             false,
         )?;
         // Only the columns read are decoded, not the row's others.
-        let read = |family: &str, qualifier: &[u8]| {
+        let asked = |family: &str, qualifier: &[u8]| {
             reads.iter().any(|r| r.column.family == family && r.column.qualifier == qualifier)
         };
         'retry: for _ in 0..BLOB_RETRIES {
             let raw = self.rows.get(row).map_err(io)?;
             let cells = match raw {
-                Some(raw) => row::decode_only(&self.schema, &raw, &read)?,
+                Some(raw) => row::decode_only(&self.schema, &raw, &asked)?,
                 None => RowCells::default(),
             };
             let mut out = Vec::with_capacity(reads.len());
