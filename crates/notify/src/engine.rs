@@ -463,7 +463,8 @@ impl Engine {
         loop {
             let started = Instant::now();
             // A panic in the run (a bug, in the observer or beneath it) fails the run as an
-            // error would: its transaction is dropped uncommitted, as a crash would leave it,
+            // error would: its transaction is dropped uncommitted (a commit cut short before
+            // its commit point rolls its primary back, so its locks are cleaned on sight),
             // and the notification backs off and is parked after `failures_max`. Unwinding
             // through the worker instead would leave the run counted in flight and its
             // notification marked running, and the workers would never go quiet.

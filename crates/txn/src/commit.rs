@@ -133,7 +133,15 @@ impl Transaction {
             self::clean_conflicting_lock(&client, &e).await?;
             return Err(e);
         }
+        let mut unfinished = Unfinished {
+            client: client.clone(),
+            row: primary_row.clone(),
+            columns: primary_cells.iter().map(|c| c.column.clone()).collect(),
+            start_ts,
+            armed: true,
+        };
         if crash == Some(CommitStep::AfterPrewritePrimary) {
+            unfinished.armed = false;
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
         let (checked, blind): (Vec<_>, Vec<_>) =
@@ -150,6 +158,7 @@ impl Transaction {
         if results.iter().any(Result::is_err) || blind_result.is_err() {
             // Abort: our own locks go, the primary's first (with its rollback record).
             let columns: Vec<Bytes> = primary_cells.iter().map(|c| c.column.clone()).collect();
+            unfinished.armed = false;
             actions::rollback_primary(store, &primary_row, &primary_column, &columns, start_ts)
                 .await?;
             // The unchecked batch may have been written in part: roll all of it back.
@@ -173,6 +182,7 @@ impl Transaction {
         let secondaries: Vec<(Bytes, Vec<CellWrite>)> = checked.into_iter().chain(blind).collect();
         tracing::debug!(%start_ts, rows = secondaries.len() + 1, "prewritten; committing");
         if crash == Some(CommitStep::AfterPrewriteAll) {
+            unfinished.armed = false;
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
 
@@ -185,6 +195,7 @@ impl Transaction {
         // it either sees this commit or waits on its locks until it is decided.
         set_notifications(store, notify, commit_ts).await?;
         if crash == Some(CommitStep::BeforeCommitPrimary) {
+            unfinished.armed = false;
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
         let kinds = |cells: &[CellWrite]| -> Vec<(Bytes, WriteKind)> {
@@ -199,6 +210,7 @@ impl Transaction {
             commit_ts,
         )
         .await?;
+        unfinished.armed = false;
         // The commit point: acknowledged only once durable.
         if client.config().sync_commits {
             store.sync().await?;
@@ -216,6 +228,44 @@ impl Transaction {
         }
         actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, after_commit).await?;
         Ok(Outcome::Committed(Some(commit_ts)))
+    }
+}
+
+/// A commit between its primary's prewrite and its commit point. Left there (an error
+/// returned, a panic below, its future dropped), it rolls the primary back on a task of its
+/// own: the locks it left are then cleaned at once by whoever meets them (their primary
+/// rolled back), not after the lock TTL, which a live owner's locks would otherwise wait out.
+/// (A failed commit of the primary may have applied: the rollback then finds it committed
+/// and changes nothing.) Fault tests' crash points disarm it, as a dead process cleans
+/// nothing.
+struct Unfinished {
+    client: Client,
+    row: Bytes,
+    columns: Vec<Bytes>,
+    start_ts: Ts,
+    armed: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (client, row, columns, start_ts) = (
+            self.client.clone(),
+            self.row.clone(),
+            std::mem::take(&mut self.columns),
+            self.start_ts,
+        );
+        runtime.spawn(async move {
+            let store = client.store().as_ref();
+            let primary = &columns[0];
+            if let Err(e) = actions::rollback_primary(store, &row, primary, &columns, start_ts).await
+            {
+                tracing::warn!(error = %e, row = %row.escape_ascii(), %start_ts, "cannot roll back an unfinished commit; its locks wait out their TTL");
+            }
+        });
     }
 }
 
