@@ -157,8 +157,8 @@ impl Transaction {
         .await;
         if results.iter().any(Result::is_err) || blind_result.is_err() {
             // Abort: our own locks go, the primary's first (with its rollback record).
-            let columns: Vec<Bytes> = primary_cells.iter().map(|c| c.column.clone()).collect();
             unfinished.armed = false;
+            let columns = std::mem::take(&mut unfinished.columns);
             actions::rollback_primary(store, &primary_row, &primary_column, &columns, start_ts)
                 .await?;
             // The unchecked batch may have been written in part: roll all of it back.
