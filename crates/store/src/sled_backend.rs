@@ -478,7 +478,7 @@ impl SledStore {
 
     fn scan_sync(&self, scan: &Scan) -> Result<Vec<ScanCell>> {
         match self.schema.locality(scan.family)? {
-            Locality::Row => Ok(self.scan_rows(&[scan])?.pop().unwrap_or_default()),
+            Locality::Row => Ok(self.scan_row_families(&[scan])?.pop().unwrap_or_default()),
             Locality::Own => {
                 let mut out = Vec::new();
                 let tree = self.own_tree(scan.family);
@@ -538,7 +538,7 @@ impl SledStore {
                 })
                 .collect();
             let shared: Vec<&Scan> = group.iter().map(|&j| &scans[j]).collect();
-            for (j, cells) in group.into_iter().zip(self.scan_rows(&shared)?) {
+            for (j, cells) in group.into_iter().zip(self.scan_row_families(&shared)?) {
                 out[j] = Some(cells);
             }
         }
@@ -547,7 +547,7 @@ impl SledStore {
 
     /// Row-family scans that share one range (the first's), in one walk over its rows: each
     /// scan gets the cells of its family, up to its limit, as a scan of its own would.
-    fn scan_rows(&self, scans: &[&Scan]) -> Result<Vec<Vec<ScanCell>>> {
+    fn scan_row_families(&self, scans: &[&Scan]) -> Result<Vec<Vec<ScanCell>>> {
         let mut out: Vec<Vec<ScanCell>> = vec![Vec::new(); scans.len()];
         let Some(first) = scans.first() else { return Ok(out) };
         let full = |out: &[Vec<ScanCell>]| scans.iter().zip(out).all(|(s, f)| f.len() >= s.limit);
