@@ -82,7 +82,7 @@ async fn write_raw(client: &BigTable, table: &str, rows: Vec<(Vec<u8>, Vec<BtMut
 }
 
 fn scan_all(family: &'static str) -> Scan {
-    Scan { family, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX }
+    Scan::whole(family, usize::MAX)
 }
 
 #[tokio::test]

@@ -765,8 +765,7 @@ impl Engine {
 
     /// Parked notifications, in (row, column) order.
     pub async fn failed_list(&self) -> Result<Vec<FailedEntry>, TxnError> {
-        let scan =
-            Scan { family: PARKED.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        let scan = Scan::whole(PARKED.name, usize::MAX);
         Ok(self
             .store()
             .scan(&scan)
@@ -802,8 +801,7 @@ impl Engine {
         if self.store().read_row(&row, &read).await?.iter().any(|v| !v.is_empty()) {
             return Ok(());
         }
-        let scan =
-            Scan { family: FAILED.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        let scan = Scan::whole(FAILED.name, usize::MAX);
         let old = self.store().scan(&scan).await?;
         let put = |c: &perc_store::ScanCell| RowMutation {
             row: c.row.clone(),

@@ -190,12 +190,7 @@ impl StoreLease {
 /// A scan of every store lease, for [`leases_by_holder`] (`perc status` reads it in the same
 /// call as the locks: both families live in the rows, and one walk over them reads both).
 pub fn every_lease() -> perc_store::Scan {
-    perc_store::Scan {
-        family: LEASE.name,
-        start: Bytes::new(),
-        end: Bytes::new(),
-        limit: usize::MAX,
-    }
+    perc_store::Scan::whole(LEASE.name, usize::MAX)
 }
 
 /// The unexpired leases among `cells` (what [`every_lease`] found), by holder.

@@ -85,8 +85,7 @@ impl Env {
     }
 
     async fn notify_cells(&self) -> usize {
-        let scan =
-            Scan { family: "notify", start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        let scan = Scan::whole("notify", usize::MAX);
         self.store.scan(&scan).await.unwrap().len()
     }
 }
@@ -662,12 +661,7 @@ fn parked_records_of_an_older_store_move_to_their_family_once() {
                 ("p:b".into(), "export:dirty".into(), "export: no page".into()),
             ]
         );
-        let legacy = Scan {
-            family: perc_notify::FAILED.name,
-            start: Bytes::new(),
-            end: Bytes::new(),
-            limit: usize::MAX,
-        };
+        let legacy = Scan::whole(perc_notify::FAILED.name, usize::MAX);
         assert!(store.scan(&legacy).await.unwrap().is_empty(), "the old records were left");
         // Once a store: a record in the old family written after the move is not read again
         // (no perc writes one any more), so a start does not scan the whole table each time.

@@ -747,12 +747,7 @@ impl Pipeline {
         add_hosts(&mut hosts, &unsaved.hosts_delta);
         let parked = self.engine.failed_list().await?;
         // Locks and leases live in the rows: one call, one walk over them for both.
-        let every_lock = perc_store::Scan {
-            family: perc_txn::actions::LOCK.name,
-            start: Bytes::new(),
-            end: Bytes::new(),
-            limit: 1_000_000,
-        };
+        let every_lock = perc_store::Scan::whole(perc_txn::actions::LOCK.name, 1_000_000);
         let mut found =
             self.store.scan_many(&[every_lock, perc_notify::lease::every_lease()]).await?;
         let now = self.client.clock().now_ms();

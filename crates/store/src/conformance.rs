@@ -249,7 +249,7 @@ pub async fn delete_range_only(s: Arc<dyn Store>) {
     let all = |c: &Column| Mutation::Delete { column: c.clone(), range: TsRange::ALL };
     assert!(s.check_and_mutate(b"r", &[], &[all(&c), all(&other)]).await.unwrap());
     assert!(s.check_and_mutate(b"r", &[], &[all(&c)]).await.unwrap());
-    let scan = Scan { family: "f", start: Bytes::new(), end: Bytes::new(), limit: 100 };
+    let scan = Scan::whole("f", 100);
     assert!(s.scan(&scan).await.unwrap().is_empty());
 }
 
@@ -490,7 +490,7 @@ pub async fn large_values(s: Arc<dyn Store>) {
     s.sync().await.unwrap();
     let got = s.read_row(b"r", &[ColumnRead::newest(c.clone(), TsRange::ALL)]).await.unwrap();
     assert_eq!(got[0][0].value.as_ref(), &big[..]);
-    let scan = Scan { family: "f", start: Bytes::new(), end: Bytes::new(), limit: 10 };
+    let scan = Scan::whole("f", 10);
     assert_eq!(s.scan(&scan).await.unwrap()[0].value.len(), big.len());
     // Replacing and deleting large values leaves the row readable.
     let m2 = Mutation::Put { column: c.clone(), ts: Ts(1), value: Bytes::from(vec![1u8; 5000]) };
@@ -520,10 +520,7 @@ pub async fn binary_keys_sorted(s: Arc<dyn Store>) {
         .collect();
     s.mutate_rows(&batch).await.unwrap();
     for family in ["f", "n"] {
-        let got = s
-            .scan(&Scan { family, start: Bytes::new(), end: Bytes::new(), limit: 1000 })
-            .await
-            .unwrap();
+        let got = s.scan(&Scan::whole(family, 1000)).await.unwrap();
         let got_rows: Vec<Vec<u8>> = got.iter().map(|c| c.row.to_vec()).collect();
         assert_eq!(got_rows, rows, "family {family}");
         assert!(got.iter().all(|c| c.qualifier

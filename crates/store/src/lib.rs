@@ -265,6 +265,13 @@ pub struct Scan {
     pub limit: usize,
 }
 
+impl Scan {
+    /// A scan of the whole of `family`, at most `limit` cells.
+    pub fn whole(family: &'static str, limit: usize) -> Scan {
+        Scan { family, start: Bytes::new(), end: Bytes::new(), limit }
+    }
+}
+
 /// A cell returned by a scan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScanCell {

@@ -174,8 +174,7 @@ impl Liveness {
 
     /// Every registered worker, live or not, in id order.
     pub async fn workers(&self) -> Result<Vec<(WorkerEntry, bool)>, TxnError> {
-        let scan =
-            Scan { family: FAMILY.name, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+        let scan = Scan::whole(FAMILY.name, usize::MAX);
         let mut out = Vec::new();
         for cell in self.store.scan(&scan).await? {
             let id = ClientId::from_hex(&cell.row)

@@ -40,7 +40,7 @@ fn a_commit_that_panics_before_its_commit_point_leaves_no_lock_to_wait_out() {
         }
         let panicked = tokio::spawn(t.commit()).await;
         assert!(panicked.is_err_and(|e| e.is_panic()));
-        let locks = Scan { family: "lock", start: Bytes::new(), end: Bytes::new(), limit: 10 };
+        let locks = Scan::whole("lock", 10);
         let locked: Vec<Bytes> =
             store.scan(&locks).await.unwrap().into_iter().map(|c| c.row).collect();
         assert!(locked.contains(&Bytes::from_static(b"b")), "b's lock was made: {locked:?}");

@@ -18,7 +18,7 @@ fn row(i: usize) -> Bytes {
 }
 
 async fn locks(store: &Arc<dyn Store>) -> Vec<(Bytes, Bytes)> {
-    let scan = Scan { family: "lock", start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+    let scan = Scan::whole("lock", usize::MAX);
     store.scan(&scan).await.unwrap().into_iter().map(|c| (c.row, c.qualifier)).collect()
 }
 

@@ -83,7 +83,7 @@ impl Runner {
     fn dump(&self) -> Res {
         let mut out = String::new();
         for family in ["lock", "write", "data"] {
-            let scan = Scan { family, start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+            let scan = Scan::whole(family, usize::MAX);
             for c in self.rt.block_on(self.store.scan(&scan))? {
                 let decoded = match family {
                     "lock" => {

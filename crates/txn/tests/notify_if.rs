@@ -5,7 +5,6 @@ mod common;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use perc_store::{Scan, Store};
 use perc_txn::CommitStep;
 
@@ -17,7 +16,7 @@ fn rt() -> tokio::runtime::Runtime {
 
 /// The rows that have a notify cell of column "dirty".
 async fn notified(store: &Arc<dyn Store>) -> Vec<String> {
-    let scan = Scan { family: "notify", start: Bytes::new(), end: Bytes::new(), limit: usize::MAX };
+    let scan = Scan::whole("notify", usize::MAX);
     let mut rows: Vec<String> = store
         .scan(&scan)
         .await
