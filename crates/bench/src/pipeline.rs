@@ -26,10 +26,19 @@ pub(crate) struct Setup {
 
 pub(crate) async fn setup(fetching: Fetching) -> Result<Setup> {
     let dir = tempfile::tempdir()?;
+    let (store, pipeline) = open_in(dir.path(), fetching).await?;
+    Ok(Setup { dir, store, pipeline })
+}
+
+/// The same pipeline on the store in `dir`, made there if there is none.
+pub(crate) async fn open_in(
+    dir: &std::path::Path,
+    fetching: Fetching,
+) -> Result<(Arc<Counted<Arc<dyn Store>>>, Pipeline)> {
     // The defaults, or what `PERC_<SECTION>_<KEY>` variables set (to measure a setting).
     let env: Vec<(String, String)> = std::env::vars().collect();
     let mut config = perc_pipeline::config::load(None, &env, &[])?;
-    config.store.data = dir.path().display().to_string();
+    config.store.data = dir.display().to_string();
     config.workers.concurrency = 32;
     config.workers.gc_interval_ms = 0;
     let sled = perc_pipeline::open_store(&config, Create::IfMissing).await?;
@@ -39,7 +48,7 @@ pub(crate) async fn setup(fetching: Fetching) -> Result<Setup> {
         .fetching(fetching)
         .open()
         .await?;
-    Ok(Setup { dir, store, pipeline })
+    Ok((store, pipeline))
 }
 
 /// `perc replay FILE` through the front door on each backend, alternately, three times each:
