@@ -361,6 +361,20 @@ pub fn run(scale: f64) -> Result<()> {
         format!("{:.2}", big.p50_ms / small.p50_ms),
         "goal <= 1.5",
     );
+    // An update of one page at 100k pages has more effects than at 1k (its old and new links
+    // share fewer targets): the same ratio per observer run an update caused.
+    let runs = |f: &Figures| f.update_runs.iter().map(|(_, runs, _, _)| runs).sum::<f64>();
+    t.add(
+        format!("p50 update latency per observer run, at {} / at {} pages", big.pages, small.pages),
+        format!("{:.2}", (big.p50_ms / runs(big)) / (small.p50_ms / runs(small))),
+        format!(
+            "{:.1} runs an update at {} pages, {:.1} at {}",
+            runs(big),
+            big.pages,
+            runs(small),
+            small.pages
+        ),
+    );
     t.add(
         format!(
             "p50 update latency at {} / at {} pages, after perc compact",
