@@ -8,8 +8,8 @@
 //! 3. a full rebuild of the 100k pages (the replay from scratch) against one update;
 //! 4. peak RSS of the 100k replay;
 //! 5. `perc compact`'s rewrite of the store, and the update latency again on the compacted
-//!    store, opened anew (sled reads a node in from its log in one piece after a rewrite,
-//!    from up to ten pieces before).
+//!    store, opened anew: whether a store whose nodes sled reads in from one piece each (up
+//!    to ten before the rewrite) answers faster.
 //!
 //! Each size runs in a child process of its own (`perc-bench scaling-one`), so that its peak
 //! RSS (VmHWM) is its own.
