@@ -528,11 +528,12 @@ async fn dispatch(
             let mib = |b: u64| b as f64 / (1 << 20) as f64;
             out!(
                 "compacted {data}: {:.1} MiB -> {:.1} MiB on disk ({} keys; {} old versions \
-                 collected first)",
+                 collected first; {} blobs no row referred to left behind)",
                 mib(done.files.bytes_before),
                 mib(done.files.bytes_after),
                 done.files.keys,
-                done.collected.write_records_removed
+                done.collected.write_records_removed,
+                done.files.blobs_dropped
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -165,13 +165,8 @@ pub(crate) fn decode_only(
     raw: &[u8],
     keep: &dyn Fn(&str, &[u8]) -> bool,
 ) -> Result<RowCells<Stored>, StoreError> {
-    let corrupt =
-        |what: &str| StoreError::Corrupt { backend: "sled", detail: format!("row record: {what}") };
     let mut r = Reader { buf: raw };
-    if r.byte().ok_or_else(|| corrupt("empty"))? != FORMAT_VERSION {
-        return Err(corrupt("unknown format version"));
-    }
-    let ncols = r.varint().ok_or_else(|| corrupt("column count"))?;
+    let ncols = r.header()?;
     let mut row = RowCells { columns: BTreeMap::new() };
     for _ in 0..ncols {
         let family = r.bytes().ok_or_else(|| corrupt("family"))?;
@@ -202,10 +197,34 @@ pub(crate) fn decode_only(
             row.columns.insert((family.name, Bytes::copy_from_slice(qualifier)), versions);
         }
     }
-    if !r.buf.is_empty() {
-        return Err(corrupt("trailing bytes"));
-    }
+    r.end()?;
     Ok(row)
+}
+
+/// The ids of the blobs a row record refers to, appended to `out`. Read without a schema:
+/// the compaction, which keeps only the blobs some row refers to, reads records as bytes.
+pub(crate) fn blob_ids(raw: &[u8], out: &mut Vec<u64>) -> Result<(), StoreError> {
+    let mut r = Reader { buf: raw };
+    for _ in 0..r.header()? {
+        r.bytes().ok_or_else(|| corrupt("family"))?;
+        r.bytes().ok_or_else(|| corrupt("qualifier"))?;
+        for _ in 0..r.varint().ok_or_else(|| corrupt("version count"))? {
+            r.varint().ok_or_else(|| corrupt("timestamp"))?;
+            match r.byte() {
+                Some(0) => drop(r.bytes().ok_or_else(|| corrupt("value"))?),
+                Some(1) => {
+                    out.push(r.varint().ok_or_else(|| corrupt("blob id"))?);
+                    r.varint().ok_or_else(|| corrupt("blob length"))?;
+                }
+                _ => return Err(corrupt("value tag")),
+            }
+        }
+    }
+    r.end()
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt { backend: "sled", detail: format!("row record: {what}") }
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -226,6 +245,21 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// The record's format version, checked, and its column count.
+    fn header(&mut self) -> Result<u64, StoreError> {
+        if self.byte().ok_or_else(|| corrupt("empty"))? != FORMAT_VERSION {
+            return Err(corrupt("unknown format version"));
+        }
+        self.varint().ok_or_else(|| corrupt("column count"))
+    }
+    /// Nothing may follow the record's last column.
+    fn end(&self) -> Result<(), StoreError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(corrupt("trailing bytes"))
+        }
+    }
     fn byte(&mut self) -> Option<u8> {
         let (&b, rest) = self.buf.split_first()?;
         self.buf = rest;
@@ -293,5 +327,28 @@ mod tests {
         for cut in 1..raw.len() {
             assert!(decode_only(&schema, &raw[..cut], &|f, _| f == "a").is_err(), "{cut}");
         }
+    }
+
+    #[test]
+    fn the_blob_ids_of_a_record_are_every_blob_of_every_column_and_version() {
+        let mut row = RowCells::default();
+        row.put(&Column::new("a", "x"), Ts(2), Stored::Inline(Bytes::from_static(b"small")));
+        row.put(&Column::new("a", "x"), Ts(5), Stored::Blob { id: 300, len: 9000 });
+        row.put(&Column::new("a", "x"), Ts(7), Stored::Blob { id: 1 << 40, len: 1 });
+        row.put(&Column::new("b", ""), Ts(3), Stored::Blob { id: 4, len: 300 });
+        let raw = encode(&row);
+        let mut ids = vec![99];
+        blob_ids(&raw, &mut ids).unwrap();
+        ids.sort_unstable();
+        assert_eq!(ids, [4, 99, 300, 1 << 40], "appended to what was there");
+        let mut none = Vec::new();
+        blob_ids(&encode(&RowCells::default()), &mut none).unwrap();
+        assert!(none.is_empty());
+        for cut in 0..raw.len() {
+            assert!(blob_ids(&raw[..cut], &mut Vec::new()).is_err(), "{cut}");
+        }
+        let mut longer = raw.clone();
+        longer.push(0);
+        assert!(blob_ids(&longer, &mut Vec::new()).is_err(), "trailing bytes");
     }
 }

@@ -15,8 +15,9 @@
 //! sled value, and `check_and_mutate` is get + decode + check + apply + CAS, retried if another
 //! writer changed the row in between. Large values go out of line first, under a fresh blob
 //! id that nothing else references, so a failed condition or a lost CAS only has to drop the
-//! new blobs; a crash between the blob write and the CAS leaves an unreferenced blob, which
-//! wastes space but is never read.
+//! new blobs; a crash between the blob write and the CAS (or between a CAS and the removal of
+//! the blobs it replaced) leaves an unreferenced blob, which wastes space but is never read,
+//! until a compaction (`sled_compact`) leaves it behind.
 //!
 //! Durability: sled writes to an in-memory log buffer; [`Store::sync`] flushes it. sled
 //! recovers a prefix of its log, so one flush makes every earlier write durable, and
@@ -36,6 +37,10 @@ use crate::{
     keycode, validate, validate_check_and_mutate, validate_row_mutation, Cell, ColumnRead,
     Condition, Locality, Mutation, Result, RowMutation, Scan, ScanCell, Schema, Store, StoreError,
 };
+
+/// The tree of the row records, and the tree of the values kept out of them.
+pub(crate) const ROWS: &str = "rows";
+pub(crate) const BLOBS: &str = "blobs";
 
 /// Values longer than this are kept out of the row record, as blobs.
 const INLINE_BYTES_MAX: usize = 256;
@@ -253,8 +258,8 @@ impl SledStore {
         let path = path.as_ref();
         crate::sled_compact::recover(path)?;
         let db = open_db(path, &sled_config(path, &stored_conf(path), options))?;
-        let rows = db.open_tree("rows").map_err(io)?;
-        let blobs = db.open_tree("blobs").map_err(io)?;
+        let rows = db.open_tree(ROWS).map_err(io)?;
+        let blobs = db.open_tree(BLOBS).map_err(io)?;
         let mut own = BTreeMap::new();
         for f in schema.families().iter().filter(|f| f.locality == Locality::Own) {
             own.insert(f.name, db.open_tree(format!("own/{}", f.name)).map_err(io)?);
@@ -274,7 +279,7 @@ impl SledStore {
     /// blobs. A full scan: for measurements, not for serving.
     pub fn usage(&self) -> Result<Usage> {
         let mut u = Usage::default();
-        let named = [("rows".to_string(), &self.rows), ("blobs".to_string(), &self.blobs)];
+        let named = [(ROWS.to_string(), &self.rows), (BLOBS.to_string(), &self.blobs)];
         let own = self.own.iter().map(|(f, t)| (format!("own/{f}"), t));
         for (name, tree) in named.into_iter().chain(own) {
             let mut t = TreeUsage { name, ..TreeUsage::default() };
@@ -283,7 +288,7 @@ impl SledStore {
                 t.keys += 1;
                 t.key_bytes += k.len() as u64;
                 t.value_bytes += v.len() as u64;
-                if t.name == "rows" {
+                if t.name == ROWS {
                     for (family, qualifier, versions) in self.decode_row(Some(&v))?.columns() {
                         let group = qualifier.split(|b| *b == b':').next().unwrap_or(qualifier);
                         let key = format!("{family}/{}", String::from_utf8_lossy(group));

@@ -6,9 +6,12 @@
 //! cleaner's threshold is a constant. A copy holds only what is live, though sled writes a
 //! node several times while it loads it: a compacted store is still 2-3.4 times its live
 //! bytes, and 1.1-3.2 times smaller than before (docs/benchmarks.md, "session 23"). The
-//! copy is of sled's trees, key by key, so it keeps every cell, version, blob and
-//! notification as they are. It is done offline: the store must not be open (sled's lock
-//! file says whether it is).
+//! copy is of sled's trees, key by key, so it keeps every cell, version and notification as
+//! they are. The blobs are copied last, and only those some row record refers to: a blob no
+//! row refers to was left by a crash between its write and its row's, or between a row's
+//! rewrite and the removal of the blobs it replaced, and nothing can read it. It is done
+//! offline: the store must not be open (sled's lock file says whether it is), so no writer
+//! has a blob written and its row still to come.
 //!
 //! The steps, each one safe to be cut short by a crash:
 //!
@@ -34,7 +37,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::sled_backend::{blob_id_base, io, open_db, sled_config, stored_conf, BLOB_ID_BASE};
+use crate::sled_backend::{
+    blob_id_base, io, open_db, sled_config, stored_conf, BLOBS, BLOB_ID_BASE, ROWS,
+};
 use crate::{Result, SledOptions, StoreError};
 
 /// The directory the copy is made in, inside the store's directory.
@@ -59,6 +64,8 @@ pub struct Compacted {
     pub bytes_after: u64,
     /// Keys copied, in every tree.
     pub keys: u64,
+    /// Blobs left behind: no row record referred to them.
+    pub blobs_dropped: u64,
 }
 
 /// Whether `name`, an entry of a store's directory, is a file of sled's database.
@@ -228,12 +235,21 @@ pub fn compact(
     let _locked = lock(dir)?;
     recover_locked(dir)?;
     let bytes_before = sled_bytes(dir)?;
-    let Some(keys) = copy(dir, options, stop)? else {
+    // A copy that is not whole (stopped, or an error) is dropped: the store is as it was.
+    let Some(copied) = copy(dir, options, stop).inspect_err(|_| {
+        let _ = remove_dir(&dir.join(NEW));
+    })?
+    else {
         remove_dir(&dir.join(NEW))?;
         return Ok(None);
     };
     swap(dir)?;
-    Ok(Some(Compacted { bytes_before, bytes_after: sled_bytes(dir)?, keys }))
+    Ok(Some(Compacted {
+        bytes_before,
+        bytes_after: sled_bytes(dir)?,
+        keys: copied.keys,
+        blobs_dropped: copied.blobs_dropped,
+    }))
 }
 
 /// How long a dropped database may take to close its files.
@@ -259,10 +275,17 @@ fn closed(dir: &Path) -> Result<()> {
     fs2::FileExt::unlock(&file).map_err(fs_error(format!("cannot unlock {}", path.display())))
 }
 
+/// What step 1 copied: keys, in every tree, and the blobs it left behind.
+struct Copied {
+    keys: u64,
+    blobs_dropped: u64,
+}
+
 /// Step 1: every tree of the store in `dir` copied into `dir/NEW`, which is flushed and marked
-/// `COPIED`. Returns the keys copied, or `None` if `stop` said so before the copy was whole
-/// (the databases are closed; `NEW` is left to the caller to remove).
-fn copy(dir: &Path, options: &SledOptions, stop: &dyn Fn() -> bool) -> Result<Option<u64>> {
+/// `COPIED`; of the blobs, those some row record refers to. `None` if `stop` said so before
+/// the copy was whole. Either way, and on an error, the databases are closed when it returns;
+/// `NEW`, if not whole, is left to the caller to remove.
+fn copy(dir: &Path, options: &SledOptions, stop: &dyn Fn() -> bool) -> Result<Option<Copied>> {
     let made = stored_conf(dir);
     let new_dir: PathBuf = dir.join(NEW);
     // Two databases open at once share the cache the store is given.
@@ -271,38 +294,72 @@ fn copy(dir: &Path, options: &SledOptions, stop: &dyn Fn() -> bool) -> Result<Op
     // The copy is made with the settings the store was made with (segment size,
     // compression), which sled then keeps in the copy's own `conf`.
     let new = open_db(&new_dir, &sled_config(&new_dir, &made, &options))?;
-    let mut keys = 0;
-    'trees: for name in old.tree_names() {
+    let copied = copy_trees(&old, &new, stop);
+    drop((new, old));
+    closed(&new_dir)?;
+    closed(dir)?;
+    let Some(copied) = copied? else { return Ok(None) };
+    mark(&new_dir.join(COPIED))?;
+    Ok(Some(copied))
+}
+
+/// [`copy`]'s work between the opening and the closing of the two databases.
+fn copy_trees(old: &sled::Db, new: &sled::Db, stop: &dyn Fn() -> bool) -> Result<Option<Copied>> {
+    let mut copied = Copied { keys: 0, blobs_dropped: 0 };
+    // The blobs last: by then the row records have said which blobs they refer to.
+    let mut names = old.tree_names();
+    names.sort_by_key(|name| name.as_ref() == BLOBS.as_bytes());
+    let mut referenced: Vec<u64> = Vec::new();
+    for name in names {
         let (from, to) = (old.open_tree(&name).map_err(io)?, new.open_tree(&name).map_err(io)?);
+        let (rows, blobs) = (name.as_ref() == ROWS.as_bytes(), name.as_ref() == BLOBS.as_bytes());
+        if blobs {
+            referenced.sort_unstable();
+            referenced.dedup();
+        }
         let mut batch = sled::Batch::default();
-        for (n, kv) in from.iter().enumerate() {
+        let mut batched = 0;
+        for kv in from.iter() {
             let (k, v) = kv.map_err(io)?;
+            if rows {
+                crate::row::blob_ids(&v, &mut referenced).map_err(|e| StoreError::Corrupt {
+                    backend: "sled",
+                    detail: format!("{e}, in the row {}; nothing was compacted", k.escape_ascii()),
+                })?;
+            }
+            if blobs && !refers_to(&referenced, &k) {
+                copied.blobs_dropped += 1;
+                continue;
+            }
             batch.insert(k, v);
-            keys += 1;
-            if (n + 1) % BATCH == 0 {
+            copied.keys += 1;
+            batched += 1;
+            if batched % BATCH == 0 {
                 if stop() {
-                    break 'trees;
+                    return Ok(None);
                 }
                 to.apply_batch(std::mem::take(&mut batch)).map_err(io)?;
             }
         }
         to.apply_batch(batch).map_err(io)?;
     }
-    let whole = !stop();
-    if whole {
-        // Above every id the old store gave out: its base plus an id its generator has not.
-        let base = blob_id_base(&old)? + old.generate_id().map_err(io)? + 1;
-        new.insert(BLOB_ID_BASE, &base.to_be_bytes()).map_err(io)?;
-        new.flush().map_err(io)?;
-    }
-    drop((new, old));
-    closed(&new_dir)?;
-    closed(dir)?;
-    if !whole {
+    if stop() {
         return Ok(None);
     }
-    mark(&new_dir.join(COPIED))?;
-    Ok(Some(keys))
+    // Above every id the old store gave out: its base plus an id its generator has not.
+    let base = blob_id_base(old)? + old.generate_id().map_err(io)? + 1;
+    new.insert(BLOB_ID_BASE, &base.to_be_bytes()).map_err(io)?;
+    new.flush().map_err(io)?;
+    Ok(Some(copied))
+}
+
+/// Whether `key`, a key of the blobs tree, is among the `referenced` ids (sorted). A key that
+/// is not an id is kept: the copy drops only what it knows no one reads.
+fn refers_to(referenced: &[u64], key: &[u8]) -> bool {
+    match <[u8; 8]>::try_from(key) {
+        Ok(id) => referenced.binary_search(&u64::from_be_bytes(id)).is_ok(),
+        Err(_) => true,
+    }
 }
 
 #[cfg(test)]
@@ -326,12 +383,13 @@ mod tests {
         out
     }
 
-    /// A store whose log holds garbage: keys written, rewritten and removed. Its segments are
-    /// 1 MiB (sled's log grows a segment at a time; perc's are 8 MiB).
+    /// A store whose log holds garbage: keys written, rewritten and removed (in a tree of
+    /// an own family: the copy reads the row records). Its segments are 1 MiB (sled's log
+    /// grows a segment at a time; perc's are 8 MiB).
     fn store_with_garbage(dir: &Path) {
         let made = "segment_size: 1048576\n";
         let db = sled_config(dir, made, &SledOptions::default()).open().unwrap();
-        let tree = db.open_tree("rows").unwrap();
+        let tree = db.open_tree("own/f").unwrap();
         for round in 0..4u32 {
             for k in 0..2_000u32 {
                 tree.insert(k.to_be_bytes(), vec![round as u8; 600]).unwrap();
@@ -389,6 +447,73 @@ mod tests {
         assert!(stopped.unwrap().is_none());
         assert!(!dir.path().join(NEW).exists() && !dir.path().join(OLD).exists());
         assert_eq!((dump(dir.path()), sled_bytes(dir.path()).unwrap()), before);
+    }
+
+    /// The keys of the tree `name` in a [`dump`].
+    fn keys_of(dump: &[Tree], name: &str) -> Vec<Vec<u8>> {
+        let tree = dump.iter().find(|(n, _)| n == name.as_bytes());
+        tree.map(|(_, entries)| entries.iter().map(|(k, _)| k.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A store of two row records referring to blobs 1, 3 and 7 (1 and 3 two versions of one
+    /// cell), beside blobs 0-9: what crashes between a blob's write and its row's leave.
+    fn store_with_unreferenced_blobs(dir: &Path) {
+        use crate::row::{encode, RowCells, Stored};
+        use crate::{Column, Ts};
+        let db = sled_config(dir, "", &SledOptions::default()).open().unwrap();
+        let (rows, blobs) = (db.open_tree(ROWS).unwrap(), db.open_tree(BLOBS).unwrap());
+        for id in 0..10u64 {
+            blobs.insert(id.to_be_bytes(), vec![id as u8; 1000]).unwrap();
+        }
+        let blob = |id| Stored::Blob { id, len: 1000 };
+        let mut a = RowCells::default();
+        a.put(&Column::new("f", "q"), Ts(5), blob(1));
+        a.put(&Column::new("f", "q"), Ts(9), blob(3));
+        a.put(&Column::new("f", "s"), Ts(9), Stored::Inline(bytes::Bytes::from_static(b"x")));
+        rows.insert(b"a", encode(&a)).unwrap();
+        let mut b = RowCells::default();
+        b.put(&Column::new("g", ""), Ts(2), blob(7));
+        rows.insert(b"b", encode(&b)).unwrap();
+        db.flush().unwrap();
+    }
+
+    #[test]
+    fn a_compaction_leaves_behind_the_blobs_no_row_refers_to() {
+        let dir = tempfile::tempdir().unwrap();
+        store_with_unreferenced_blobs(dir.path());
+        let before = dump(dir.path());
+        let done =
+            compact(dir.path(), &SledOptions::default(), &|| false).unwrap().expect("not stopped");
+        assert_eq!(done.blobs_dropped, 7, "{done:?}");
+        let after = dump(dir.path());
+        let ids = |ids: &[u64]| ids.iter().map(|id| id.to_be_bytes().to_vec()).collect::<Vec<_>>();
+        assert_eq!(keys_of(&before, BLOBS), ids(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]));
+        assert_eq!(keys_of(&after, BLOBS), ids(&[1, 3, 7]));
+        // What is kept is kept whole: the rows, and the values of the blobs they refer to.
+        let kept = |d: &[Tree]| -> Vec<(Vec<u8>, Vec<u8>)> {
+            let blobs = d.iter().find(|(n, _)| n == BLOBS.as_bytes()).unwrap();
+            blobs.1.iter().filter(|(k, _)| ids(&[1, 3, 7]).contains(k)).cloned().collect()
+        };
+        assert_eq!(kept(&before), kept(&after));
+        let rows = |d: &[Tree]| d.iter().find(|(n, _)| n == ROWS.as_bytes()).cloned();
+        assert_eq!(rows(&before), rows(&after));
+    }
+
+    #[test]
+    fn a_row_record_that_does_not_read_stops_the_compaction_before_any_change() {
+        let dir = tempfile::tempdir().unwrap();
+        store_with_unreferenced_blobs(dir.path());
+        {
+            let db = sled_config(dir.path(), "", &SledOptions::default()).open().unwrap();
+            db.open_tree(ROWS).unwrap().insert(b"bad", b"not a row record".to_vec()).unwrap();
+            db.flush().unwrap();
+        }
+        let before = dump(dir.path());
+        let e = compact(dir.path(), &SledOptions::default(), &|| false).unwrap_err().to_string();
+        assert!(e.contains("in the row bad") && e.contains("nothing was compacted"), "{e}");
+        assert!(!dir.path().join(NEW).exists(), "the copy is dropped");
+        assert_eq!(dump(dir.path()), before, "every blob is still there");
     }
 
     /// Step 1 done.
