@@ -166,32 +166,19 @@ pub(crate) fn decode_only(
     keep: &dyn Fn(&str, &[u8]) -> bool,
 ) -> Result<RowCells<Stored>, StoreError> {
     let mut r = Reader { buf: raw };
-    let ncols = r.header()?;
     let mut row = RowCells { columns: BTreeMap::new() };
-    for _ in 0..ncols {
-        let family = r.bytes().ok_or_else(|| corrupt("family"))?;
+    for _ in 0..r.header()? {
+        let (family, qualifier, n) = r.column()?;
         let family = schema.family(family).ok_or_else(|| {
             corrupt(&format!("family {:?} not in schema", String::from_utf8_lossy(family)))
         })?;
-        let qualifier = r.bytes().ok_or_else(|| corrupt("qualifier"))?;
         let kept = keep(family.name, qualifier);
-        let n = r.varint().ok_or_else(|| corrupt("version count"))?;
         let mut versions = Vec::with_capacity(if kept { n.min(1024) as usize } else { 0 });
         for _ in 0..n {
-            let ts = Ts(r.varint().ok_or_else(|| corrupt("timestamp"))?);
-            let v = match r.byte() {
-                Some(0) => {
-                    let value = r.bytes().ok_or_else(|| corrupt("value"))?;
-                    kept.then(|| Stored::Inline(Bytes::copy_from_slice(value)))
-                }
-                Some(1) => {
-                    let id = r.varint().ok_or_else(|| corrupt("blob id"))?;
-                    let len = r.varint().ok_or_else(|| corrupt("blob length"))?;
-                    kept.then_some(Stored::Blob { id, len })
-                }
-                _ => return Err(corrupt("value tag")),
-            };
-            versions.extend(v.map(|v| (ts, v)));
+            let (ts, value) = r.version()?;
+            if kept {
+                versions.push((ts, value.stored()));
+            }
         }
         if kept {
             row.columns.insert((family.name, Bytes::copy_from_slice(qualifier)), versions);
@@ -206,21 +193,29 @@ pub(crate) fn decode_only(
 pub(crate) fn blob_ids(raw: &[u8], out: &mut Vec<u64>) -> Result<(), StoreError> {
     let mut r = Reader { buf: raw };
     for _ in 0..r.header()? {
-        r.bytes().ok_or_else(|| corrupt("family"))?;
-        r.bytes().ok_or_else(|| corrupt("qualifier"))?;
-        for _ in 0..r.varint().ok_or_else(|| corrupt("version count"))? {
-            r.varint().ok_or_else(|| corrupt("timestamp"))?;
-            match r.byte() {
-                Some(0) => drop(r.bytes().ok_or_else(|| corrupt("value"))?),
-                Some(1) => {
-                    out.push(r.varint().ok_or_else(|| corrupt("blob id"))?);
-                    r.varint().ok_or_else(|| corrupt("blob length"))?;
-                }
-                _ => return Err(corrupt("value tag")),
+        let (_, _, n) = r.column()?;
+        for _ in 0..n {
+            if let (_, Value::Blob { id, .. }) = r.version()? {
+                out.push(id);
             }
         }
     }
     r.end()
+}
+
+/// One version's value as a record holds it, borrowed from the record.
+enum Value<'a> {
+    Inline(&'a [u8]),
+    Blob { id: u64, len: u64 },
+}
+
+impl Value<'_> {
+    fn stored(&self) -> Stored {
+        match *self {
+            Value::Inline(b) => Stored::Inline(Bytes::copy_from_slice(b)),
+            Value::Blob { id, len } => Stored::Blob { id, len },
+        }
+    }
 }
 
 fn corrupt(what: &str) -> StoreError {
@@ -251,6 +246,26 @@ impl<'a> Reader<'a> {
             return Err(corrupt("unknown format version"));
         }
         self.varint().ok_or_else(|| corrupt("column count"))
+    }
+    /// A column's head: its family and qualifier as stored, and how many versions follow.
+    fn column(&mut self) -> Result<(&'a [u8], &'a [u8], u64), StoreError> {
+        let family = self.bytes().ok_or_else(|| corrupt("family"))?;
+        let qualifier = self.bytes().ok_or_else(|| corrupt("qualifier"))?;
+        let n = self.varint().ok_or_else(|| corrupt("version count"))?;
+        Ok((family, qualifier, n))
+    }
+    /// One version: its timestamp and its value.
+    fn version(&mut self) -> Result<(Ts, Value<'a>), StoreError> {
+        let ts = Ts(self.varint().ok_or_else(|| corrupt("timestamp"))?);
+        let value = match self.byte() {
+            Some(0) => Value::Inline(self.bytes().ok_or_else(|| corrupt("value"))?),
+            Some(1) => Value::Blob {
+                id: self.varint().ok_or_else(|| corrupt("blob id"))?,
+                len: self.varint().ok_or_else(|| corrupt("blob length"))?,
+            },
+            _ => return Err(corrupt("value tag")),
+        };
+        Ok((ts, value))
     }
     /// Nothing may follow the record's last column.
     fn end(&self) -> Result<(), StoreError> {
