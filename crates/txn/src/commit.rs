@@ -138,10 +138,9 @@ impl Transaction {
             row: primary_row.clone(),
             columns: primary_cells.iter().map(|c| c.column.clone()).collect(),
             start_ts,
-            armed: true,
         };
         if crash == Some(CommitStep::AfterPrewritePrimary) {
-            unfinished.armed = false;
+            unfinished.disarm();
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
         let (checked, blind): (Vec<_>, Vec<_>) =
@@ -157,8 +156,7 @@ impl Transaction {
         .await;
         if results.iter().any(Result::is_err) || blind_result.is_err() {
             // Abort: our own locks go, the primary's first (with its rollback record).
-            unfinished.armed = false;
-            let columns = std::mem::take(&mut unfinished.columns);
+            let columns = unfinished.disarm();
             actions::rollback_primary(store, &primary_row, &primary_column, &columns, start_ts)
                 .await?;
             // The unchecked batch may have been written in part: roll all of it back.
@@ -182,7 +180,7 @@ impl Transaction {
         let secondaries: Vec<(Bytes, Vec<CellWrite>)> = checked.into_iter().chain(blind).collect();
         tracing::debug!(%start_ts, rows = secondaries.len() + 1, "prewritten; committing");
         if crash == Some(CommitStep::AfterPrewriteAll) {
-            unfinished.armed = false;
+            unfinished.disarm();
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
 
@@ -195,7 +193,7 @@ impl Transaction {
         // it either sees this commit or waits on its locks until it is decided.
         set_notifications(store, notify, commit_ts).await?;
         if crash == Some(CommitStep::BeforeCommitPrimary) {
-            unfinished.armed = false;
+            unfinished.disarm();
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
         let kinds = |cells: &[CellWrite]| -> Vec<(Bytes, WriteKind)> {
@@ -210,7 +208,7 @@ impl Transaction {
             commit_ts,
         )
         .await?;
-        unfinished.armed = false;
+        unfinished.disarm();
         // The commit point: acknowledged only once durable.
         if client.config().sync_commits {
             store.sync().await?;
@@ -241,23 +239,27 @@ impl Transaction {
 struct Unfinished {
     client: Client,
     row: Bytes,
+    /// The primary's columns (a primary has at least one); none once disarmed.
     columns: Vec<Bytes>,
     start_ts: Ts,
-    armed: bool,
+}
+
+impl Unfinished {
+    /// The commit is decided, or left as a crash leaves it: nothing to roll back when
+    /// dropped. Returns the primary's columns (the abort rolls them back itself).
+    fn disarm(&mut self) -> Vec<Bytes> {
+        std::mem::take(&mut self.columns)
+    }
 }
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
-        if !self.armed {
+        let columns = self.disarm();
+        if columns.is_empty() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (client, row, columns, start_ts) = (
-            self.client.clone(),
-            self.row.clone(),
-            std::mem::take(&mut self.columns),
-            self.start_ts,
-        );
+        let (client, row, start_ts) = (self.client.clone(), self.row.clone(), self.start_ts);
         runtime.spawn(async move {
             let store = client.store().as_ref();
             let primary = &columns[0];
