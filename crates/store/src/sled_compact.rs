@@ -235,20 +235,19 @@ pub fn compact(
     let _locked = lock(dir)?;
     recover_locked(dir)?;
     let bytes_before = sled_bytes(dir)?;
-    // A copy that is not whole (stopped, or an error) is dropped: the store is as it was.
-    let Some(copied) = copy(dir, options, stop).inspect_err(|_| {
-        let _ = remove_dir(&dir.join(NEW));
-    })?
-    else {
-        remove_dir(&dir.join(NEW))?;
-        return Ok(None);
+    let copied = copy(dir, options, stop);
+    let Ok(Some(done)) = copied else {
+        // Stopped, or an error: the copy is dropped, and the store is as it was (the copy's
+        // error, if any, is the one to report).
+        let dropped = remove_dir(&dir.join(NEW));
+        return copied.and_then(|_| dropped.map(|()| None));
     };
     swap(dir)?;
     Ok(Some(Compacted {
         bytes_before,
         bytes_after: sled_bytes(dir)?,
-        keys: copied.keys,
-        blobs_dropped: copied.blobs_dropped,
+        keys: done.keys,
+        blobs_dropped: done.blobs_dropped,
     }))
 }
 
