@@ -11,9 +11,13 @@
 //!   due-time index (`n:<next fetch ms>\0<url>`, which `perc serve`'s scheduler reads).
 //! - Notifies: parse, through `crawl:raw`.
 //! - Metrics: `perc_fetches_total{outcome}`, `perc_fetch_bytes_total` (this process's).
+//! - A fetch with no answer worth keeping (no response: no connection, a timeout, robots.txt
+//!   unreachable; or a 5xx or 429) leaves a stored answer as it is: a page keeps its last
+//!   version through an outage, and is asked again after the minimum interval, doubled for
+//!   each failure in a row ([`crate::model::Recrawl::retry`]). A URL with no stored answer
+//!   is recorded with the reason.
 //! - Twice is harmless: it fetches the page again and writes what it got; parse and all after
-//!   it change nothing when nothing changed. A host whose robots.txt stays unreachable is
-//!   given up by the source, and its URLs are recorded with that reason.
+//!   it change nothing when nothing changed.
 
 use crate::IndexError;
 use std::sync::Arc;
@@ -60,6 +64,14 @@ impl Observer for Fetch {
         if let Fetched::Response(r) = &fetched {
             metrics::counter!("perc_fetch_bytes_total").increment(r.body.len() as u64);
         }
+        // No answer worth keeping: none this time, or the server failing.
+        let failure = match &fetched {
+            Fetched::Unavailable(why) => Some(why.clone()),
+            Fetched::Response(r) if r.status >= 500 || r.status == 429 => {
+                Some(format!("HTTP {}", r.status))
+            }
+            _ => None,
+        };
         let body = match fetched {
             Fetched::Response(r) => {
                 validators = r.validators();
@@ -69,7 +81,7 @@ impl Observer for Fetch {
                 head.location = r.location.map(|l| l.to_string());
                 r.body
             }
-            Fetched::Failed(why) => {
+            Fetched::Failed(why) | Fetched::Unavailable(why) => {
                 head.error = Some(why);
                 Bytes::new()
             }
@@ -78,51 +90,81 @@ impl Observer for Fetch {
                 Bytes::new()
             }
         };
-        let written = if not_modified {
-            // The stored raw stands; only a new depth or hop count is written into it.
-            let last = state.as_ref().map(|s| s.written.clone()).unwrap_or_default();
-            match txn.get(row, col::RAW).await? {
-                Some(raw) => {
-                    let (mut old, old_body) = model::decode_raw(&raw)
-                        .map_err(|e| IndexError::corrupt(format!("crawl:raw of {url}"), e))?;
-                    if (old.depth, old.hops) != (want.depth, want.hops) {
-                        (old.depth, old.hops) = (want.depth, want.hops);
-                        write_raw(txn, row, &old, &old_body)
-                    } else {
-                        last
-                    }
+        // The stored raw stands when the server says nothing changed, and when a fetch that
+        // failed finds an answer stored (a page keeps its last version through an outage;
+        // SPEC §7: nothing stored is lost). Only a new depth or hop count is written into it.
+        let stored = match (not_modified || failure.is_some(), &state) {
+            (true, Some(_)) => match txn.get(row, col::RAW).await? {
+                Some(raw) => Some(
+                    model::decode_raw(&raw)
+                        .map_err(|e| IndexError::corrupt(format!("crawl:raw of {url}"), e))?,
+                ),
+                None => None,
+            },
+            _ => None,
+        };
+        let stands = stored.filter(|(old, _)| not_modified || old.status.is_some());
+        let kept = stands.is_some();
+        let written = match stands {
+            Some((mut old, old_body)) => {
+                if (old.depth, old.hops) != (want.depth, want.hops) {
+                    (old.depth, old.hops) = (want.depth, want.hops);
+                    write_raw(txn, row, &old, &old_body)
+                } else {
+                    state.as_ref().map(|s| s.written.clone()).unwrap_or_default()
                 }
-                None => write_raw(txn, row, &head, &body),
             }
-        } else {
-            let print = fingerprint(&head, &body);
-            if state.as_ref().is_none_or(|s| s.written != print) {
-                txn.set(row.clone(), Bytes::from_static(col::RAW), model::encode_raw(&head, &body));
+            None if not_modified => write_raw(txn, row, &head, &body),
+            None => {
+                let print = fingerprint(&head, &body);
+                if state.as_ref().is_none_or(|s| s.written != print) {
+                    txn.set(
+                        row.clone(),
+                        Bytes::from_static(col::RAW),
+                        model::encode_raw(&head, &body),
+                    );
+                }
+                print
             }
-            print
         };
         let content = match &state {
-            Some(s) if not_modified => s.content.clone(),
+            Some(s) if kept => s.content.clone(),
             _ => fingerprint(&RawHead { depth: 0, hops: 0, ..head.clone() }, &body),
         };
         // A change of what the server sends; a state of before `content` compares `written`.
-        let changed = state.as_ref().is_none_or(|s| match s.content.is_empty() {
-            true => s.written != written,
-            false => s.content != content,
-        });
-        if not_modified {
+        let changed = failure.is_none()
+            && state.as_ref().is_none_or(|s| match s.content.is_empty() {
+                true => s.written != written,
+                false => s.content != content,
+            });
+        if not_modified || failure.is_some() {
             validators = asked;
         }
         let now = txn.client().clock().now_ms();
-        let interval_s =
-            self.schedule.for_url(&url).next(state.as_ref().map(|s| s.interval_s), changed);
-        let next_ms = now.saturating_add(interval_s.saturating_mul(1000));
+        let recrawl = self.schedule.for_url(&url);
+        let failures = match &failure {
+            Some(_) => state.as_ref().map_or(0, |s| s.failures).saturating_add(1),
+            None => 0,
+        };
+        // A failure keeps the interval and asks again sooner; an answer sets the interval.
+        let (interval_s, wait_s) = match &failure {
+            Some(_) => {
+                let interval_s = state.as_ref().map_or(recrawl.interval_s, |s| s.interval_s);
+                (interval_s, recrawl.retry(interval_s, failures))
+            }
+            None => {
+                let interval_s = recrawl.next(state.as_ref().map(|s| s.interval_s), changed);
+                (interval_s, interval_s)
+            }
+        };
+        let next_ms = now.saturating_add(wait_s.saturating_mul(1000));
         if let Some(s) = &state {
             txn.delete(model::due_row(s.next_ms, url.as_str()), Bytes::from_static(col::DUE));
         }
         txn.set(model::due_row(next_ms, url.as_str()), Bytes::from_static(col::DUE), Bytes::new());
         let (was_changed, was_unchanged) =
             state.as_ref().map_or((0, 0), |s| (s.changed, s.unchanged));
+        let answered = failure.is_none();
         let new_state = FetchState {
             last_ms: now,
             next_ms,
@@ -132,7 +174,9 @@ impl Observer for Fetch {
             written,
             content,
             changed: was_changed + u32::from(changed && state.is_some()),
-            unchanged: was_unchanged + u32::from(!changed),
+            unchanged: was_unchanged + u32::from(answered && !changed),
+            failures,
+            failure,
         };
         txn.set(
             row.clone(),
@@ -154,7 +198,7 @@ fn outcome(fetched: &Fetched) -> &'static str {
             400..=499 => "4xx",
             _ => "5xx",
         },
-        Fetched::Failed(_) => "failed",
+        Fetched::Failed(_) | Fetched::Unavailable(_) => "failed",
         Fetched::Disallowed => "disallowed",
     }
 }

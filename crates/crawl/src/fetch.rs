@@ -91,6 +91,10 @@ pub enum FetchError {
     Unreachable { host: String, detail: String },
     #[error("timed out after {after_ms} ms")]
     Timeout { after_ms: u64 },
+    /// This machine, not the host, failed the request (no file descriptor or memory left):
+    /// never counted against the host.
+    #[error("this machine could not make the request: {detail}")]
+    Local { detail: String },
     #[error("body exceeds the {max_bytes}-byte limit")]
     TooLarge { max_bytes: u64 },
     #[error("HTTP error: {0}")]
@@ -156,14 +160,47 @@ impl HttpFetcher {
 }
 
 fn classify(url: &Url, e: reqwest::Error, limits: &FetchLimits) -> FetchError {
-    if e.is_timeout() {
+    let e = e.without_url();
+    let cause = root_cause(&e);
+    if local_failure(&e) {
+        FetchError::Local { detail: cause }
+    } else if e.is_timeout() {
         FetchError::Timeout { after_ms: limits.total_timeout_ms }
     } else if e.is_connect() {
-        let detail = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-        FetchError::Unreachable { host: url.host_str().unwrap_or_default().to_string(), detail }
+        let host = url.host_str().unwrap_or_default().to_string();
+        FetchError::Unreachable { host, detail: cause }
     } else {
-        FetchError::Http(e.to_string())
+        // reqwest's own words say what it was doing ("error decoding response body"), the
+        // innermost cause why.
+        let said = e.to_string();
+        FetchError::Http(if said == cause { said } else { format!("{said}: {cause}") })
     }
+}
+
+/// The innermost cause of an error (its URL taken out: the page it is recorded on names
+/// it): "Connection refused (os error 111)", where reqwest's own message says only "error
+/// sending request".
+fn root_cause(e: &reqwest::Error) -> String {
+    let mut at: &dyn std::error::Error = e;
+    while let Some(cause) = at.source() {
+        at = cause;
+    }
+    at.to_string()
+}
+
+/// Whether an error's cause is this machine's: no file descriptor (EMFILE, ENFILE), no
+/// buffer or memory (ENOBUFS, ENOMEM). The host is not to blame for those.
+fn local_failure(e: &reqwest::Error) -> bool {
+    let mut at: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = at {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(23 | 24 | 105 | 12)) {
+                return true;
+            }
+        }
+        at = cause.source();
+    }
+    false
 }
 
 #[async_trait]
@@ -383,7 +420,10 @@ impl<F: Fetcher> Fetcher for Polite<F> {
             let _permit = self.global.acquire().await.expect("semaphore never closed");
             self.inner.fetch_if(url, v).await
         };
-        host.count(result.as_ref().map_or(true, |r| r.status >= 400));
+        // This machine's failures are not the host's: they are not counted as its requests.
+        if !matches!(result, Err(FetchError::Local { .. })) {
+            host.count(result.as_ref().map_or(true, |r| r.status >= 400));
+        }
         let mut slot = match held {
             Some(slot) => slot,
             None => host.slot.lock().await,

@@ -174,7 +174,7 @@ pub async fn collect(source: &dyn Source, roots: &[Url]) -> (Vec<Url>, Vec<Strin
                 warnings.push(format!("sitemap {at}: HTTP {}", r.status));
                 continue;
             }
-            Fetched::Failed(why) => {
+            Fetched::Failed(why) | Fetched::Unavailable(why) => {
                 warnings.push(format!("sitemap {at}: {why}"));
                 continue;
             }

@@ -17,10 +17,27 @@ use crate::warc::Recorder;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fetched {
     Response(Response),
-    /// No response; the reason is recorded on the page.
+    /// No response, for a reason that asking again will not change (a body over the size
+    /// limit); the reason is recorded on the page.
     Failed(String),
+    /// No response this time: the host, the network or this machine failed (no connection,
+    /// a timeout, a reset, robots.txt unreachable, no file descriptor left), or this run
+    /// may not fetch it. A page fetched before keeps its last version and is asked again
+    /// later; a URL never fetched is recorded with the reason.
+    Unavailable(String),
     /// robots.txt forbids it (recorded on the page).
     Disallowed,
+}
+
+impl Fetched {
+    /// What happened to a fetch that has no response: a [`FetchError`] that asking again may
+    /// mend is [`Fetched::Unavailable`], one it will not is [`Fetched::Failed`].
+    pub fn from_error(e: &FetchError) -> Fetched {
+        match e {
+            FetchError::TooLarge { .. } => Fetched::Failed(e.to_string()),
+            _ => Fetched::Unavailable(e.to_string()),
+        }
+    }
 }
 
 #[async_trait]
@@ -75,9 +92,9 @@ impl<F: Fetcher> Source for Crawler<F> {
         match self.robots.check(url).await {
             Verdict::Disallowed => return Fetched::Disallowed,
             Verdict::Unreachable(why) => {
-                return Fetched::Failed(format!(
-                    "robots.txt unreachable: {why}; the host is given up (RFC 9309: complete \
-                     disallow)"
+                return Fetched::Unavailable(format!(
+                    "robots.txt unreachable: {why}; the host is given up until then (RFC 9309: \
+                     complete disallow)"
                 ))
             }
             Verdict::Allowed { crawl_delay_ms } => {
@@ -88,7 +105,7 @@ impl<F: Fetcher> Source for Crawler<F> {
         }
         match self.fetcher.fetch_if(url, validators).await {
             Ok(r) => Fetched::Response(r),
-            Err(e) => Fetched::Failed(e.to_string()),
+            Err(e) => Fetched::from_error(&e),
         }
     }
 
@@ -103,7 +120,7 @@ pub struct Offline;
 #[async_trait]
 impl Source for Offline {
     async fn get(&self, _url: &Url) -> Fetched {
-        Fetched::Failed("not fetched: this run only replays recorded responses".into())
+        Fetched::Unavailable("not fetched: this run only replays recorded responses".into())
     }
 }
 
@@ -133,7 +150,7 @@ impl Source for Budget {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if !granted {
-            return Fetched::Failed(format!(
+            return Fetched::Unavailable(format!(
                 "not fetched: this run reached crawl.max_pages = {}",
                 self.max
             ));

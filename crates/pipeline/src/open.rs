@@ -202,6 +202,7 @@ impl Builder {
             source,
             saved: Default::default(),
             hosts_saved: Default::default(),
+            queue_checked: Default::default(),
         })
     }
 }
@@ -236,6 +237,7 @@ fn source(config: &Config, fetching: Fetching) -> Result<Sourced> {
         c.robots_ttl_ms,
         c.robots_retry_ms,
         c.robots_attempts,
+        c.robots_give_up_ms,
     );
     let crawler: Arc<dyn Source> = Arc::new(Crawler::new(polite.clone(), robots));
     if c.max_pages == 0 {

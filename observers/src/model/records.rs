@@ -54,6 +54,13 @@ pub struct FetchState {
     /// Fetches so far that found a change, and that found none.
     pub changed: u32,
     pub unchanged: u32,
+    /// Fetches in a row that got no answer worth keeping (no response, a 5xx, a 429), and
+    /// the last one's reason: the stored answer stands meanwhile, and the next fetch comes
+    /// sooner ([`Recrawl::retry`]). A fetch that gets an answer ends the streak.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// The recrawl's intervals (`[recrawl]`).
@@ -82,6 +89,14 @@ impl Recrawl {
             Some(i) => i.saturating_mul(2),
         }
         .clamp(lo, hi)
+    }
+
+    /// When to ask again after the `failures`-th failed fetch in a row: the minimum
+    /// interval, doubled for each failure before it, never later than the URL's interval
+    /// (`interval_s`) would have asked.
+    pub fn retry(&self, interval_s: u64, failures: u32) -> u64 {
+        let first = self.min_interval_s.max(1);
+        first.saturating_mul(1 << failures.saturating_sub(1).min(30)).min(interval_s.max(first))
     }
 }
 

@@ -1,0 +1,175 @@
+//! A site that fails for a while loses nothing (SPEC §7): through every kind of outage a
+//! refetch can meet (no connection, a timeout, robots.txt unreachable, 5xx, 429) each page
+//! keeps its last version in the export, its fetch state says why it was not refreshed, and
+//! it is asked again sooner; once the site answers, the index follows it again. A URL never
+//! fetched before is recorded with the reason meanwhile, and becomes a page once it answers.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_crawl::{Fetched, Response, Source};
+use perc_observers::model::CrawlScope;
+use perc_pipeline::{Backend, Config, Pipeline};
+use perc_txn::ManualClock;
+use url::Url;
+
+/// A site that answers from its pages, or, while it is down, with the outage's answer.
+#[derive(Clone, Default)]
+struct Site {
+    pages: Arc<Mutex<BTreeMap<String, String>>>,
+    down: Arc<Mutex<Option<Fetched>>>,
+}
+
+impl Site {
+    fn set(&self, url: &str, html: &str) {
+        self.pages.lock().unwrap().insert(url.into(), html.into());
+    }
+    fn down(&self, outage: Option<Fetched>) {
+        *self.down.lock().unwrap() = outage;
+    }
+}
+
+fn response(status: u16, body: &str) -> Response {
+    Response {
+        status,
+        content_type: Some("text/html".into()),
+        charset: None,
+        location: None,
+        retry_after_s: None,
+        received: None,
+        body: Bytes::from(body.to_string()),
+    }
+}
+
+#[async_trait]
+impl Source for Site {
+    async fn get(&self, url: &Url) -> Fetched {
+        if let Some(outage) = self.down.lock().unwrap().clone() {
+            return outage;
+        }
+        match self.pages.lock().unwrap().get(url.as_str()) {
+            Some(html) => Fetched::Response(response(200, html)),
+            None => Fetched::Response(response(404, "")),
+        }
+    }
+}
+
+const A: &str = "http://site.test/a";
+const B: &str = "http://site.test/b";
+const C: &str = "http://site.test/c";
+
+fn page(title: &str, links: &[&str]) -> String {
+    let links: String = links.iter().map(|l| format!("<a href=\"{l}\">to {l}</a>")).collect();
+    format!(
+        "<html><head><title>{title}</title></head><body><p>{title} words</p>{links}</body></html>"
+    )
+}
+
+async fn export(app: &Pipeline) -> Vec<String> {
+    app.export_jsonl().await.unwrap()
+}
+
+async fn fetch_state(app: &Pipeline, url: &str) -> serde_json::Value {
+    let text = app.page_json(&Url::parse(url).unwrap()).await.unwrap().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["fetch"].clone()
+}
+
+async fn refetch_all(app: &Pipeline) {
+    app.want_again(None).await.unwrap();
+    app.engine.run_until_quiet().await.unwrap();
+}
+
+async fn crawl(app: &Pipeline, seed: &str) {
+    let scope =
+        CrawlScope { seeds: vec![seed.into()], prefixes: vec![], max_depth: 20, max_redirects: 5 };
+    perc_observers::seed(&app.client, &[Url::parse(seed).unwrap()], &scope).await.unwrap();
+    app.engine.run_until_quiet().await.unwrap();
+}
+
+#[test]
+fn an_outage_keeps_every_page_and_the_index_follows_the_site_once_it_is_back() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let site = Site::default();
+        site.set(A, &page("A", &[B, C]));
+        site.set(B, &page("B", &[A]));
+        site.set(C, &page("C", &[A]));
+        let mut config = Config::defaults();
+        config.store.backend = Backend::Memory;
+        config.recrawl.min_interval_s = 60;
+        config.recrawl.interval_s = 3_600;
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let app = Pipeline::builder(config)
+            .source(Arc::new(site.clone()))
+            .clock(clock.clone())
+            .open()
+            .await
+            .unwrap();
+        crawl(&app, A).await;
+        let before = export(&app).await;
+        assert_eq!(before.len(), 3, "{before:#?}");
+
+        let outages = [
+            Fetched::Unavailable("cannot connect to site.test: Connection refused".into()),
+            Fetched::Unavailable("timed out after 30000 ms".into()),
+            Fetched::Unavailable("robots.txt unreachable: robots.txt answered HTTP 503".into()),
+            Fetched::Response(response(503, "<title>down for maintenance</title>")),
+            Fetched::Response(response(429, "")),
+        ];
+        for (n, outage) in outages.iter().enumerate() {
+            site.down(Some(outage.clone()));
+            refetch_all(&app).await;
+            assert_eq!(export(&app).await, before, "{outage:?} changed the export");
+            // The state says why, and asks again sooner each time in a row.
+            let state = fetch_state(&app, A).await;
+            let failures = n as u64 + 1;
+            assert_eq!(state["failures"], failures, "{state}");
+            let why = state["failure"].as_str().unwrap();
+            match outage {
+                Fetched::Unavailable(reason) => assert_eq!(why, reason),
+                Fetched::Response(r) => assert_eq!(why, format!("HTTP {}", r.status)),
+                _ => unreachable!(),
+            }
+            let wait_s =
+                (state["next_ms"].as_u64().unwrap() - state["last_ms"].as_u64().unwrap()) / 1000;
+            assert_eq!(wait_s, (60 << (failures - 1)).min(3_600), "{state}");
+            assert_eq!(state["interval_s"], 3_600, "a failure keeps the interval: {state}");
+        }
+
+        // The site is back: the next fetches end the streak, and nothing changed.
+        site.down(None);
+        refetch_all(&app).await;
+        assert_eq!(export(&app).await, before);
+        let state = fetch_state(&app, A).await;
+        assert!(state.get("failures").is_none(), "an answer ends the streak: {state}");
+
+        // The site is back after a change: the index follows it.
+        site.set(B, &page("B, changed", &[A]));
+        refetch_all(&app).await;
+        let after = export(&app).await;
+        assert!(after.iter().any(|l| l.contains("B, changed")), "{after:#?}");
+    });
+}
+
+#[test]
+fn a_url_never_fetched_is_recorded_with_the_reason_until_it_answers() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let site = Site::default();
+        site.set(A, &page("A", &[]));
+        let mut config = Config::defaults();
+        config.store.backend = Backend::Memory;
+        let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
+        site.down(Some(Fetched::Unavailable("cannot connect to site.test".into())));
+        crawl(&app, A).await;
+        assert!(export(&app).await.is_empty());
+        let text = app.page_json(&Url::parse(A).unwrap()).await.unwrap().unwrap();
+        assert!(text.contains("cannot connect to site.test"), "{text}");
+        site.down(None);
+        refetch_all(&app).await;
+        assert_eq!(export(&app).await.len(), 1);
+    });
+}
