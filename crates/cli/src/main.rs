@@ -740,7 +740,7 @@ async fn search(
     if index.catch_up(app, batch, stop).await.map_err(below)?.is_none() {
         return Err(PipelineError::Interrupted.into());
     }
-    index.search(query, limit).map_err(below)
+    index.search(query, limit, (&app.config().search).into()).map_err(below)
 }
 
 async fn replay(app: &Pipeline, files: &[PathBuf], stop: &CancellationToken) -> Result<ExitCode> {

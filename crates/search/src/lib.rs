@@ -37,9 +37,15 @@ pub enum SearchError {
 
 pub type Result<T, E = SearchError> = std::result::Result<T, E>;
 
-/// The payload of a commit of an index that holds every document (built, then kept): an
-/// index whose last commit lacks it is built again.
+/// The payload of a commit of an index that holds every document (built, then kept), with
+/// the search queue's generation it was built in ([`built_mark`]): an index whose last
+/// commit lacks it, or names an older generation (the queue was emptied since, and the
+/// changes its rows named were never applied), is built again.
 const BUILT: &str = "perc-search built v2";
+
+fn built_mark(generation: u64) -> String {
+    format!("{BUILT} generation {generation}")
+}
 
 /// The writer's memory budget: one thread, tantivy's own default size.
 const WRITER_BYTES: usize = 50_000_000;
@@ -53,6 +59,51 @@ struct Fields {
     anchors: Field,
     body: Field,
     in_degree: Field,
+}
+
+/// What a query may hold (`search.query_bytes_max`, `search.query_nesting_max`). tantivy's
+/// query parser recurses once for each parenthesis and each `NOT`, so a query of a few
+/// thousand of them overflows the stack of the thread that parses it and aborts the
+/// process; a query is measured against these bounds before it is parsed. The nesting
+/// counted is every `(` and every `NOT` word, wherever they stand: a bound on the depth
+/// the parser can reach, whatever the query's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryLimits {
+    pub bytes_max: usize,
+    pub nesting_max: usize,
+}
+
+impl From<&perc_pipeline::config::Search> for QueryLimits {
+    fn from(c: &perc_pipeline::config::Search) -> QueryLimits {
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        QueryLimits { bytes_max: size(c.query_bytes_max), nesting_max: size(c.query_nesting_max) }
+    }
+}
+
+impl QueryLimits {
+    /// `Err` naming the bound `query` passes, if it passes one.
+    pub fn check(&self, query: &str) -> Result<()> {
+        if query.len() > self.bytes_max {
+            return Err(SearchError::Query(format!(
+                "the query has {} bytes; the most accepted is {} (search.query_bytes_max)",
+                query.len(),
+                self.bytes_max
+            )));
+        }
+        let groups = query.bytes().filter(|&b| b == b'(').count();
+        let nots = query
+            .match_indices("NOT")
+            .filter(|(i, _)| query[i + 3..].starts_with(char::is_whitespace))
+            .count();
+        if groups + nots > self.nesting_max {
+            return Err(SearchError::Query(format!(
+                "the query holds {groups} parentheses and {nots} NOTs; the most accepted is {} \
+                 together (search.query_nesting_max)",
+                self.nesting_max
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One answer to a query.
@@ -71,6 +122,8 @@ pub struct SearchIndex {
     fields: Fields,
     /// Where it lives, for messages ("memory" for an index in memory).
     dir: String,
+    /// The search queue's generation its documents are of (see [`BUILT`]).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// Text fields are split into words, lowercased and stemmed as English ("caring" finds
@@ -109,7 +162,14 @@ impl SearchIndex {
         let writer = index.writer_with_num_threads(1, WRITER_BYTES).map_err(fail)?;
         let reader =
             index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into().map_err(fail)?;
-        Ok(SearchIndex { index, writer: Mutex::new(writer), reader, fields, dir: name })
+        Ok(SearchIndex {
+            index,
+            writer: Mutex::new(writer),
+            reader,
+            fields,
+            dir: name,
+            generation: Default::default(),
+        })
     }
 
     /// The index of the store `data` (`DATA/search`), or one in memory for a store in
@@ -122,10 +182,15 @@ impl SearchIndex {
         SearchError::Index { dir: self.dir.clone(), cause }
     }
 
-    /// Whether its last commit holds every document (it was built, and kept since).
-    pub fn is_built(&self) -> Result<bool> {
+    /// Whether its last commit holds every document of the search queue's `generation` (it
+    /// was built in it, and kept since).
+    pub fn is_built(&self, generation: u64) -> Result<bool> {
         let metas = self.index.load_metas().map_err(|e| self.fail(e))?;
-        Ok(metas.payload.as_deref() == Some(BUILT))
+        let built = metas.payload.as_deref() == Some(built_mark(generation).as_str());
+        if built {
+            self.generation.store(generation, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(built)
     }
 
     /// How many documents it holds (as of its last commit).
@@ -169,7 +234,8 @@ impl SearchIndex {
 
     fn commit(&self, writer: &mut IndexWriter) -> Result<()> {
         let mut prepared = writer.prepare_commit().map_err(|e| self.fail(e))?;
-        prepared.set_payload(BUILT);
+        prepared
+            .set_payload(&built_mark(self.generation.load(std::sync::atomic::Ordering::SeqCst)));
         prepared.commit().map_err(|e| self.fail(e))?;
         self.reader.reload().map_err(|e| self.fail(e))
     }
@@ -181,7 +247,7 @@ impl SearchIndex {
         writer().delete_all_documents().map_err(|e| self.fail(e))?;
         let mut pending = 0;
         let mut failed = None;
-        let n = pipeline
+        let (n, generation) = pipeline
             .search_documents(|d| {
                 if failed.is_some() {
                     return Ok(());
@@ -204,6 +270,7 @@ impl SearchIndex {
         if let Some(e) = failed {
             return Err(self.fail(e));
         }
+        self.generation.store(generation, std::sync::atomic::Ordering::SeqCst);
         self.commit(&mut writer())?;
         Ok(n)
     }
@@ -221,7 +288,8 @@ impl SearchIndex {
         stop: &CancellationToken,
     ) -> Result<Option<(usize, usize)>> {
         let catching_up = async {
-            let built = if self.is_built()? { 0 } else { self.build(pipeline).await? };
+            let generation = pipeline.search_generation().await?;
+            let built = if self.is_built(generation)? { 0 } else { self.build(pipeline).await? };
             let applied = pipeline.drain_search(batch, |q| self.apply(q)).await??;
             Ok((built, applied))
         };
@@ -233,11 +301,13 @@ impl SearchIndex {
     }
 
     /// The best `limit` pages for `query` (tantivy's query language: words, "phrases",
-    /// `+must`, `-not`, `title:word`; every word must match), best first, ties by URL.
-    pub fn search(&self, query: &str, limit: usize) -> Result<Vec<Hit>> {
+    /// `+must`, `-not`, `title:word`; every word must match), best first, ties by URL. A
+    /// query beyond `bounds` is refused before it is parsed.
+    pub fn search(&self, query: &str, limit: usize, bounds: QueryLimits) -> Result<Vec<Hit>> {
         if query.trim().is_empty() {
             return Err(SearchError::Query("the query is empty".into()));
         }
+        bounds.check(query)?;
         let f = &self.fields;
         let mut parser = QueryParser::for_index(&self.index, vec![f.title, f.anchors, f.body]);
         parser.set_conjunction_by_default();
@@ -307,6 +377,9 @@ fn open_dir(dir: &Path, schema: Schema) -> tantivy::Result<Index> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    const BOUNDS: QueryLimits = QueryLimits { bytes_max: 1024, nesting_max: 32 };
 
     fn doc(url: &str, title: &str, anchors: &[&str], body: &str, in_degree: u64) -> Queued {
         Queued::Index(SearchDoc {
@@ -322,7 +395,7 @@ mod tests {
     fn ranks_by_text_and_in_degree_and_applies_idempotently() {
         let dir = tempfile::tempdir().unwrap();
         let index = SearchIndex::open(Some(dir.path())).unwrap();
-        assert!(!index.is_built().unwrap());
+        assert!(!index.is_built(0).unwrap());
         let batch = [
             doc("http://h/a", "Widgets", &[], "all about widgets and gadgets", 0),
             doc("http://h/b", "Gadgets", &["widgets"], "gadgets only", 5),
@@ -331,9 +404,10 @@ mod tests {
         index.apply(&batch).unwrap();
         index.apply(&batch).unwrap();
         assert_eq!(index.len(), 3, "applying twice replaces, never duplicates");
-        assert!(index.is_built().unwrap());
+        assert!(index.is_built(0).unwrap());
+        assert!(!index.is_built(1).unwrap(), "a newer generation builds again");
         let urls = |q: &str| -> Vec<String> {
-            index.search(q, 10).unwrap().into_iter().map(|h| h.url).collect()
+            index.search(q, 10, BOUNDS).unwrap().into_iter().map(|h| h.url).collect()
         };
         assert_eq!(urls("nothing"), ["http://h/c"]);
         assert_eq!(urls("widgets gadgets").len(), 2, "every word must match");
@@ -354,10 +428,52 @@ mod tests {
         drop(index);
         let index = SearchIndex::open(Some(dir.path())).unwrap();
         assert_eq!(index.urls().unwrap(), ["http://h/b", "http://h/c"]);
-        let hit = &index.search("gadgets", 1).unwrap()[0];
+        let hit = &index.search("gadgets", 1, BOUNDS).unwrap()[0];
         assert_eq!((hit.title.as_str(), hit.in_degree), ("Gadgets", 5));
-        assert!(index.search("  ", 5).is_err());
+        assert!(index.search("  ", 5, BOUNDS).is_err());
         // A broken query is searched for its words.
-        assert_eq!(index.search("title:(", 5).unwrap().len(), 0);
+        assert_eq!(index.search("title:(", 5, BOUNDS).unwrap().len(), 0);
+    }
+
+    /// The queries that overflowed a thread's stack are refused, naming the bound, and the
+    /// deepest query the widest accepted bounds admit parses on a thread with the stack a
+    /// search runs on (tokio's blocking threads': 2 MiB), in a debug build (whose frames are
+    /// larger than a release build's).
+    #[test]
+    fn a_query_too_deep_or_too_long_is_refused_before_it_is_parsed() {
+        let index = SearchIndex::open(None).unwrap();
+        index.apply(&[doc("http://h/a", "Widgets", &[], "widgets", 0)]).unwrap();
+        let refused = |q: &str, bounds: QueryLimits| match index.search(q, 10, bounds) {
+            Err(SearchError::Query(why)) => why,
+            other => panic!("{:.40}...: {other:?}", q),
+        };
+        let why = refused(&"(".repeat(800), BOUNDS);
+        assert!(why.contains("800 parentheses") && why.contains("query_nesting_max"), "{why}");
+        let wide = QueryLimits { bytes_max: 65_536, nesting_max: 64 };
+        let why = refused(&"NOT ".repeat(3000), wide);
+        assert!(why.contains("3000 NOTs"), "{why}");
+        let why = refused(&"+(".repeat(1000), wide);
+        assert!(why.contains("1000 parentheses"), "{why}");
+        let why = refused(&"widget ".repeat(200), BOUNDS);
+        assert!(why.contains("1400 bytes") && why.contains("query_bytes_max"), "{why}");
+        // Hyphens and words that hold NOT are no nesting.
+        assert!(BOUNDS.check(&"NOTE well-known ".repeat(50)).is_ok());
+
+        const STACK: usize = 2 * 1024 * 1024;
+        let index = Arc::new(index);
+        let deepest = [
+            format!("{}widgets{}", "(".repeat(64), ")".repeat(64)),
+            format!("{}widgets", "NOT ".repeat(64)),
+            format!("{}widgets{}", "+(".repeat(32), ")".repeat(32)) + &" NOT x".repeat(32),
+        ];
+        for q in deepest {
+            let index = index.clone();
+            let parsed = std::thread::Builder::new()
+                .stack_size(STACK)
+                .spawn(move || index.search(&q, 10, wide).map(|_| ()))
+                .unwrap()
+                .join();
+            assert!(matches!(parsed, Ok(Ok(()))), "{parsed:?}");
+        }
     }
 }
