@@ -160,37 +160,45 @@ pub async fn export(client: &Client) -> Result<Vec<ExportLine>, IndexError> {
 }
 
 /// The export, one line at a time in URL order, each handed to `each` as soon as its inlinks
-/// are joined: memory holds the pages' own fields, not every inlink. An error from `each`
-/// stops it and is returned.
+/// are joined. It reads [`EXPORT_PAGE`] lines at a time, all at one snapshot: memory holds
+/// one page of lines, not the export, however big the index and however slowly `each` takes
+/// them. An error from `each` stops it and is returned.
 pub async fn export_each<E: From<IndexError>>(
     client: &Client,
     mut each: impl FnMut(ExportLine) -> Result<(), E>,
 ) -> Result<(), E> {
     let t = client.begin().await.map_err(IndexError::from)?;
-    let lines: Vec<ExportLine> = t
-        .scan(b"p:", b"p;", col::EXPORT_LINE)
-        .await
-        .map_err(IndexError::from)?
-        .into_iter()
-        .map(|(row, v)| {
-            serde_json::from_slice(&v).map_err(|e| {
-                IndexError::corrupt(format!("export:line of {}", row.escape_ascii()), e)
+    let (mut from, end) = (Bytes::from_static(b"p:"), b"p;");
+    loop {
+        let range = RangeScan::new(&from, end, col::EXPORT_LINE).first(EXPORT_PAGE);
+        let page = t.scan_each(&[range]).await.map_err(IndexError::from)?.pop().unwrap_or_default();
+        let Some((last, _)) = page.last() else { return Ok(()) };
+        // The next page starts just after this one's last row.
+        from = Bytes::from([last.as_ref(), b"\0"].concat());
+        let full = page.len() == EXPORT_PAGE;
+        let lines: Vec<ExportLine> = page
+            .into_iter()
+            .map(|(row, v)| {
+                serde_json::from_slice(&v).map_err(|e| {
+                    IndexError::corrupt(format!("export:line of {}", row.escape_ascii()), e)
+                })
             })
-        })
-        .collect::<Result<_, _>>()?;
-    // The canonical pages' inlinks, joined from the e: rows of their fwd:names.
-    let mut lines = lines.into_iter().peekable();
-    while lines.peek().is_some() {
-        let chunk: Vec<ExportLine> = lines.by_ref().take(512).collect();
-        let keys: Vec<(Bytes, Bytes)> = chunk.iter().flat_map(model::join_keys).collect();
+            .collect::<Result<_, _>>()?;
+        // The canonical pages' inlinks, joined from the e: rows of their fwd:names.
+        let keys: Vec<(Bytes, Bytes)> = lines.iter().flat_map(model::join_keys).collect();
         let mut joined = t.get_many(&keys).await.map_err(IndexError::from)?.into_iter();
-        for line in chunk {
+        for line in lines {
             let cells = [joined.next().flatten(), joined.next().flatten()];
             each(model::full_line(&t, line, cells).await?)?;
         }
+        if !full {
+            return Ok(());
+        }
     }
-    Ok(())
 }
+
+/// The export lines read at a time.
+const EXPORT_PAGE: usize = 512;
 
 /// What perc knows about one URL.
 #[derive(Clone, Debug, PartialEq, Eq)]

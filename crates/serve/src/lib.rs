@@ -13,7 +13,6 @@
 //! a clean stop). Beside the API: a search indexer draining the store's search queue into
 //! `perc-search`'s index, `GET /metrics` ([`metrics`]) and the status page (`GET /`).
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,6 +32,7 @@ use perc_search::{SearchError, SearchIndex};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
+mod listen;
 mod metrics;
 
 /// The file in the data directory that says where a running server listens.
@@ -60,6 +60,10 @@ struct Served {
     /// The last status read ([`Served::read_status`]); held while a read is under way, so
     /// the requests that come meanwhile wait for the next one instead of reading too.
     last_status: tokio::sync::Mutex<Option<StatusRead>>,
+    /// Exports streaming now (`serve.exports_max`): each holds a snapshot's reads open.
+    exports: Arc<tokio::sync::Semaphore>,
+    /// A client that takes none of an answer for this long is cut off (`serve.stall_ms`).
+    stall: Duration,
 }
 
 /// A status read: when it ran, and what it found.
@@ -180,6 +184,8 @@ pub async fn run(
         query_bytes_max: usize::try_from(config.body_bytes_max).unwrap_or(usize::MAX),
         token: token.map(|t| blake3::hash(t.as_bytes())),
         last_status: tokio::sync::Mutex::new(None),
+        exports: Arc::new(tokio::sync::Semaphore::new(config.exports_max.max(1))),
+        stall: Duration::from_millis(config.stall_ms),
     });
     let router = router(state.clone(), config);
     let shutdown = stop.clone();
@@ -190,17 +196,20 @@ pub async fn run(
     // the kernel shares the cores between the two runtimes' threads instead.
     let api = runtime("perc-api", Some(config.api_threads), 0)?;
     let listener = listener.into_std().map_err(io("cannot hand over the listener"))?;
+    let bounds = listen::Bounds {
+        header_timeout: Duration::from_millis(config.header_timeout_ms),
+        connections_max: config.connections_max,
+    };
     let serving = api.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        let serving = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await });
-        let serving = serving.into_future();
+        let serving = listen::serve(listener, router, bounds, shutdown);
         tokio::pin!(serving);
         // Requests in flight get the grace period once a stop is asked for.
         tokio::select! {
-            r = &mut serving => r,
-            _ = stop_then(grace, &stopping) => Ok(()),
+            () = &mut serving => {}
+            () = stop_then(grace, &stopping) => {}
         }
+        Ok::<_, std::io::Error>(())
     });
     let server =
         async move { serving.await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))) };
@@ -703,8 +712,9 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
         )
     })?;
     let q2 = query.clone();
+    let bounds = perc_search::QueryLimits::from(&s.app.config().search);
     let _turn = s.searching.acquire().await.expect("the semaphore is never closed");
-    let hits = tokio::task::spawn_blocking(move || index.search(&q2, limit as usize))
+    let hits = tokio::task::spawn_blocking(move || index.search(&q2, limit as usize, bounds))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
         .map_err(|e| match e {
@@ -790,19 +800,31 @@ async fn status(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
 
 /// `GET /v1/export`: the export as JSON Lines, streamed: the bytes `perc export` writes. The
 /// export hands its lines to a callback; each waits (`block_in_place`, so the runtime's other
-/// tasks go on) until the response has room: memory holds a few lines, not the export.
+/// tasks go on) until the response has room: memory holds a few lines, not the export. At
+/// most `serve.exports_max` stream at once (503 beyond), and a client that takes no line for
+/// `serve.stall_ms` is cut off, which ends the export's snapshot too.
 async fn export(State(s): State<Arc<Served>>) -> Answer {
+    let Ok(permit) = s.exports.clone().try_acquire_owned() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "as many exports as serve.exports_max are streaming now: ask again later",
+        ));
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    let app = s.app.clone();
+    let (app, stall) = (s.app.clone(), s.stall);
     tokio::spawn(async move {
+        let _permit = permit;
         let tx2 = tx.clone();
+        let rt = tokio::runtime::Handle::current();
         let result = app
             .export(|line| {
                 let mut text = serde_json::to_vec(&line).expect("serializable");
                 text.push(b'\n');
-                // A client that went away ends the export.
-                tokio::task::block_in_place(|| tx2.blocking_send(Ok(Bytes::from(text))))
-                    .map_err(|_| PipelineError::Interrupted)
+                // A client that went away, or stalled, ends the export.
+                let sent = tokio::task::block_in_place(|| {
+                    rt.block_on(tx2.send_timeout(Ok(Bytes::from(text)), stall))
+                });
+                sent.map_err(|_| PipelineError::Interrupted)
             })
             .await;
         if let Err(e) = result {
@@ -903,5 +925,77 @@ mod tests {
         assert!(slow.answers(at(3_500), at(3_500)));
         assert!(slow.answers(at(10_999), at(10_999)));
         assert!(!slow.answers(at(11_000), at(11_000)));
+    }
+
+    /// A server of `pages` pages loaded into a memory store, with `exports_max` exports at
+    /// once and `stall_ms`.
+    async fn served(pages: usize, exports_max: usize, stall_ms: u64) -> Arc<Served> {
+        let mut config = Config::defaults();
+        config.store.backend = perc_pipeline::Backend::Memory;
+        let app = Pipeline::builder(config).fetching(Fetching::Offline).open().await.unwrap();
+        let recorded: Vec<perc_crawl::warc::Recorded> = (0..pages)
+            .map(|i| perc_crawl::warc::Recorded {
+                url: Url::parse(&format!("http://h.test/p{i}")).unwrap(),
+                response: perc_crawl::Response {
+                    status: 200,
+                    content_type: Some("text/html".into()),
+                    charset: None,
+                    location: None,
+                    retry_after_s: None,
+                    received: None,
+                    body: Bytes::from(format!("<title>page {i}</title><p>text of page {i}</p>")),
+                },
+            })
+            .collect();
+        perc_observers::load_recorded(&app.client, &recorded).await.unwrap();
+        app.engine.run_until_quiet().await.unwrap();
+        Arc::new(Served {
+            app: Arc::new(app),
+            search: None,
+            searching: tokio::sync::Semaphore::new(1),
+            rates: Default::default(),
+            query_bytes_max: 4096,
+            token: None,
+            last_status: tokio::sync::Mutex::new(None),
+            exports: Arc::new(tokio::sync::Semaphore::new(exports_max)),
+            stall: Duration::from_millis(stall_ms),
+        })
+    }
+
+    /// An export reads its lines a page at a time and streams them: a client that stops
+    /// reading holds a bounded channel's worth, is cut off after `serve.stall_ms`, and gives
+    /// its turn back; meanwhile an export beyond `serve.exports_max` is answered 503.
+    #[test]
+    fn a_stalled_export_is_cut_off_and_exports_beyond_the_cap_are_refused() {
+        use futures::StreamExt as _;
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let s = served(300, 1, 300).await;
+            let stalled = export(State(s.clone())).await.unwrap();
+            assert_eq!(stalled.status(), StatusCode::OK);
+            let mut body = stalled.into_body().into_data_stream();
+            let first = body.next().await.unwrap().unwrap();
+            assert!(first.starts_with(b"{\"url\":\"http://h.test/p0\""), "{first:?}");
+            // The client reads no more: the export holds its turn until it is cut off.
+            let refused = export(State(s.clone())).await.unwrap_err();
+            assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE, "{}", refused.message);
+            assert!(refused.message.contains("serve.exports_max"), "{}", refused.message);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while s.exports.available_permits() == 0 {
+                assert!(Instant::now() < deadline, "the stalled export was never cut off");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // What the stalled client can still read is what was sent before the cut: a
+            // bounded part of the 300 lines, and then the end.
+            let mut lines = first.iter().filter(|&&b| b == b'\n').count();
+            while let Some(chunk) = body.next().await {
+                lines += chunk.unwrap().iter().filter(|&&b| b == b'\n').count();
+            }
+            assert!((1..300).contains(&lines), "{lines} lines");
+            // A client that reads gets the whole export.
+            let whole = export(State(s.clone())).await.unwrap();
+            let bytes = axum::body::to_bytes(whole.into_body(), usize::MAX).await.unwrap();
+            assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 300);
+        });
     }
 }
