@@ -15,6 +15,11 @@
 //!   writing transaction: see [`queue_row`]). The URL is the one whose facts changed; the
 //!   indexer looks at it and at the page whose document shows them (its canonical, or its
 //!   redirect chain's end's).
+//! - Bounded when no index drains it (`perc crawl` and `perc replay` keep none, nor does a
+//!   `perc serve` with search off): [`trim`] empties a queue that holds more than a bound
+//!   and counts a new generation of it (`search:generation` of the config row). An index
+//!   records the generation it was built in; one of an older generation missed the rows
+//!   trimmed, and is built again from the pages (what a new index does anyway).
 //! - A document: one per canonical page that is not noindex: its URL, title, the anchors of
 //!   the inlinks its export line carries, its body text (the simhash's, SPEC §6.4a) and its
 //!   in-degree.
@@ -251,17 +256,86 @@ async fn first_bucket(client: &perc_txn::Client, from: u8) -> Result<Option<u8>,
     next_bucket(&t, from).await
 }
 
-/// Every document, at one snapshot (see [`all_documents`]); how many.
+/// Every document, at one snapshot (see [`all_documents`]); how many, and the queue's
+/// generation at that snapshot (an index built from them is of that generation).
 pub async fn each_document<E: From<IndexError>>(
     client: &perc_txn::Client,
     mut each: impl FnMut(SearchDoc) -> Result<(), E>,
-) -> Result<usize, E> {
+) -> Result<(usize, u64), E> {
     let t = client.begin().await.map_err(IndexError::from)?;
+    let generation = read_generation(&t).await?;
     let mut n = 0;
     all_documents(&t, |d| {
         n += 1;
         each(d)
     })
     .await?;
-    Ok(n)
+    Ok((n, generation))
+}
+
+/// The queue's generation now: how many times [`trim`] emptied it.
+pub async fn generation(client: &perc_txn::Client) -> Result<u64, IndexError> {
+    read_generation(&client.begin().await?).await
+}
+
+async fn read_generation(t: &Transaction) -> Result<u64, IndexError> {
+    let row = Bytes::from_static(model::CONFIG_ROW);
+    match t.get(&row, col::SEARCH_GENERATION).await? {
+        None => Ok(0),
+        Some(v) => std::str::from_utf8(&v)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| IndexError::corrupt("the search queue's generation", v.escape_ascii())),
+    }
+}
+
+/// Queue rows deleted in one transaction of [`trim`].
+const TRIM_BATCH: usize = 1_000;
+
+/// Empties the queue if it holds more than `keep_max` rows: nothing drains it, or not fast
+/// enough to be worth keeping. The generation is counted first, in a transaction of its
+/// own: an index that drains meanwhile or later sees a generation newer than its own and
+/// is built again, so the rows deleted here are never needed. Returns the rows deleted
+/// (0: the queue was within the bound, and is left as it is).
+pub async fn trim(client: &perc_txn::Client, keep_max: usize) -> Result<usize, IndexError> {
+    let (start, end) = bucket_range(None);
+    let t = client.begin().await?;
+    let counted = t.scan_first(&start, &end, col::SEARCH_QUEUED, keep_max + 1).await?.len();
+    drop(t);
+    if counted <= keep_max {
+        return Ok(0);
+    }
+    client
+        .retrying(|c| async move {
+            let mut t = c.begin().await?;
+            let next = read_generation(&t).await? + 1;
+            let row = Bytes::from_static(model::CONFIG_ROW);
+            t.set(row, Bytes::from_static(col::SEARCH_GENERATION), next.to_string());
+            t.commit().await?;
+            Ok::<_, IndexError>(())
+        })
+        .await?;
+    let mut deleted = 0;
+    loop {
+        let n = client
+            .retrying(|c| {
+                let (start, end) = (&start, &end);
+                async move {
+                    let mut t = c.begin().await?;
+                    let rows = t.scan_first(start, end, col::SEARCH_QUEUED, TRIM_BATCH).await?;
+                    let n = rows.len();
+                    for (row, _) in rows {
+                        t.delete(row, Bytes::from_static(col::SEARCH_QUEUED));
+                    }
+                    t.commit().await?;
+                    Ok::<_, IndexError>(n)
+                }
+            })
+            .await?;
+        deleted += n;
+        // Rows queued since the count are the next trim's.
+        if n < TRIM_BATCH || deleted >= counted {
+            return Ok(deleted);
+        }
+    }
 }

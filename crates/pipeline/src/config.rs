@@ -51,6 +51,14 @@ pub struct Search {
     pub batch: u64,
     /// The most hits one query may ask for.
     pub limit_max: u64,
+    /// The longest query accepted, and the most groups and NOTs it may hold: the query
+    /// language's parser recurses on both, so a query of thousands would overflow a thread's
+    /// stack (perc_search::QueryLimits).
+    pub query_bytes_max: u64,
+    pub query_nesting_max: u64,
+    /// The most search queue rows kept when nothing drains them; beyond, the queue is
+    /// emptied, and an index built before it is built again when it next catches up.
+    pub queue_max: u64,
 }
 
 /// How the observers bound their work.
@@ -149,6 +157,15 @@ pub struct Serve {
     pub request_timeout_ms: u64,
     /// How long a stop waits for the requests in flight.
     pub shutdown_ms: u64,
+    /// A connection that sends no whole request head within this (a slow one, or one idle
+    /// between requests) is closed.
+    pub header_timeout_ms: u64,
+    /// Connections open at once; one more is closed as soon as it is accepted.
+    pub connections_max: usize,
+    /// Exports streamed at once (`GET /v1/export`); one more is answered 503.
+    pub exports_max: usize,
+    /// A client that takes none of an answer's bytes for this long is cut off.
+    pub stall_ms: u64,
     /// Threads that answer the API (beside the observers' and the crawler's).
     pub api_threads: usize,
     /// How many nice steps the threads that index (observers, fetches, the search
@@ -231,6 +248,9 @@ pub struct Crawl {
     pub robots_ttl_ms: u64,
     pub robots_retry_ms: u64,
     pub robots_attempts: u32,
+    /// How long a host whose robots.txt cannot be had is left alone before it is tried
+    /// again (doubled for each give-up in a row, up to `robots_ttl_ms`).
+    pub robots_give_up_ms: u64,
     pub prefixes: Vec<String>,
     pub seeds_max: u64,
     /// Crawl the URLs of the sitemaps the seeds' robots.txt files name (SPEC §6.1).
@@ -364,6 +384,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("crawl.robots_ttl_ms", 1, i64::MAX),
     ("crawl.robots_retry_ms", 0, i64::MAX),
     ("crawl.robots_attempts", 1, 100),
+    ("crawl.robots_give_up_ms", 1, i64::MAX),
     ("crawl.seeds_max", 1, i64::MAX),
     ("workers.scanners", 0, 1024),
     ("workers.concurrency", 1, 100_000),
@@ -389,12 +410,19 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("serve.body_bytes_max", 1024, 1 << 30),
     ("serve.request_timeout_ms", 1, i64::MAX),
     ("serve.shutdown_ms", 0, i64::MAX),
+    ("serve.header_timeout_ms", 1, i64::MAX),
+    ("serve.connections_max", 1, 1_000_000),
+    ("serve.exports_max", 1, 1_000),
+    ("serve.stall_ms", 1, i64::MAX),
     ("serve.api_threads", 1, 256),
     ("serve.indexing_nice", 0, 19),
     ("index.indegree_fold_max", 1, 1 << 30),
     ("search.tick_ms", 1, i64::MAX),
     ("search.batch", 1, 1_000_000),
     ("search.limit_max", 1, 10_000),
+    ("search.query_bytes_max", 1, 65_536),
+    ("search.query_nesting_max", 0, 64),
+    ("search.queue_max", 0, i64::MAX),
 ];
 
 fn check_ranges(root: &Value, origins: &Origins) -> Result<()> {

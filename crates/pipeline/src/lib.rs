@@ -52,7 +52,12 @@ pub struct Pipeline {
     /// This process's counters as far as they have been added to the stored ones.
     saved: std::sync::Mutex<StoredStats>,
     hosts_saved: std::sync::Mutex<StoredHosts>,
+    /// When the search queue's size was last checked ([`Pipeline::bound_search_queue`]).
+    queue_checked: std::sync::Mutex<Option<Instant>>,
 }
+
+/// How often a running process checks the search queue's size.
+const QUEUE_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 impl Pipeline {
     /// Runs the workers until no notification is pending; shows progress on a terminal.
@@ -151,6 +156,7 @@ impl Pipeline {
         if interrupted {
             return Err(PipelineError::Interrupted);
         }
+        self.bound_search_queue(true).await;
         Ok(RunSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
     }
 
@@ -653,12 +659,48 @@ impl Pipeline {
     }
 
     /// Every search document at one snapshot, in URL order: what an index built from nothing
-    /// holds before it drains the queue. Returns how many.
+    /// holds before it drains the queue. Returns how many, and the queue's generation at that
+    /// snapshot (see [`Pipeline::search_generation`]).
     pub async fn search_documents(
         &self,
         each: impl FnMut(SearchDoc) -> Result<()>,
-    ) -> Result<usize> {
+    ) -> Result<(usize, u64)> {
         perc_observers::search::each_document(&self.client, each).await
+    }
+
+    /// The search queue's generation: how many times [`Pipeline::trim_search_queue`]
+    /// emptied it. An index built in an older one missed rows, and is built again.
+    pub async fn search_generation(&self) -> Result<u64> {
+        Ok(perc_observers::search::generation(&self.client).await?)
+    }
+
+    /// Empties the search queue if it holds more than `search.queue_max` rows (nothing
+    /// drains it: a crawl or replay keeps no search index); the rows deleted.
+    pub async fn trim_search_queue(&self) -> Result<usize> {
+        let keep = usize::try_from(self.config.search.queue_max).unwrap_or(usize::MAX);
+        Ok(perc_observers::search::trim(&self.client, keep).await?)
+    }
+
+    /// [`Pipeline::trim_search_queue`] at the end of a run (`now`), and every
+    /// [`QUEUE_CHECK_EVERY`] while one goes on: the queue stays bounded in every process,
+    /// whether or not a search index drains it. A failure is logged; the next check tries
+    /// again.
+    async fn bound_search_queue(&self, now: bool) {
+        {
+            let mut checked = self.queue_checked.lock().unwrap_or_else(|p| p.into_inner());
+            if !now && checked.is_some_and(|at| at.elapsed() < QUEUE_CHECK_EVERY) {
+                return;
+            }
+            *checked = Some(Instant::now());
+        }
+        match self.trim_search_queue().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                "the search queue held more than search.queue_max rows: {n} deleted (a search \
+                 index built before is built again when it next catches up)"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot check the search queue's size"),
+        }
     }
 
     /// The export as JSON Lines (one string a page, without the newline), in URL order.
@@ -708,6 +750,7 @@ impl Pipeline {
         if let Err(e) = self.save_stats().await {
             tracing::warn!(error = %e, "cannot save the observer counters");
         }
+        self.bound_search_queue(false).await;
         let now = Reported::new(&self.engine);
         let secs = now.at.duration_since(last.at).as_secs_f64().max(0.001);
         let backlog = self.engine.pending_count(BACKLOG_COUNTED).await;
@@ -794,8 +837,10 @@ impl Pipeline {
 /// What `perc page` prints and `GET /v1/page` answers for `url`: the export line with what
 /// the page declares that the export leaves out (its declared canonical, a delayed refresh,
 /// its simhash), or why the URL is not a page, as JSON text (the export line's fields in the
-/// export's order); `None` when the index does not know it. With `fetch`, the recrawl state of a URL fetched live: `"fetch": {last_ms, next_ms,
-/// interval_s, changed, unchanged}` (times in ms since the epoch).
+/// export's order); `None` when the index does not know it. With `fetch`, the recrawl state
+/// of a URL fetched live: `"fetch": {last_ms, next_ms, interval_s, changed, unchanged}`
+/// (times in ms since the epoch), and `failures` and `failure` while its fetches fail (the
+/// stored answer stands meanwhile).
 pub fn page_record(
     url: &Url,
     info: PageInfo,
@@ -815,10 +860,15 @@ pub fn page_record(
         fetch: Option<serde_json::Value>,
     }
     let fetch = fetch.map(|f| {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "last_ms": f.last_ms, "next_ms": f.next_ms, "interval_s": f.interval_s,
             "changed": f.changed, "unchanged": f.unchanged,
-        })
+        });
+        if let Some(why) = &f.failure {
+            v["failures"] = f.failures.into();
+            v["failure"] = why.as_str().into();
+        }
+        v
     });
     Some(match info {
         PageInfo::Page(line, meta) => serde_json::to_string(&Shown {

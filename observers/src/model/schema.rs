@@ -116,6 +116,7 @@ pub mod col {
     pub const EXPORT_LINE: &[u8] = b"export:line";
     pub const SCOPE: &[u8] = b"crawl:scope";
     pub const SEARCH_QUEUED: &[u8] = b"search:queued";
+    pub const SEARCH_GENERATION: &[u8] = b"search:generation";
 }
 
 pub fn page(url: &str) -> Bytes {

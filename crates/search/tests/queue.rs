@@ -1,0 +1,108 @@
+//! The search queue stays bounded when no index drains it (a crawl keeps none): a run that
+//! leaves more than `search.queue_max` rows empties it and counts a new generation, and an
+//! index built before is built again when it next catches up, so it still ends equal to the
+//! pages, old text gone and new text found.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_crawl::{Fetched, Response, Source};
+use perc_pipeline::{Backend, Config, CrawlScope, Pipeline};
+use perc_search::{QueryLimits, SearchIndex};
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+#[derive(Clone, Default)]
+struct Site(Arc<Mutex<BTreeMap<String, String>>>);
+
+#[async_trait]
+impl Source for Site {
+    async fn get(&self, url: &Url) -> Fetched {
+        let (status, body) = match self.0.lock().unwrap().get(url.as_str()) {
+            Some(html) => (200, html.clone()),
+            None => (404, String::new()),
+        };
+        Fetched::Response(Response {
+            status,
+            content_type: Some("text/html".into()),
+            charset: None,
+            location: None,
+            retry_after_s: None,
+            received: None,
+            body: Bytes::from(body),
+        })
+    }
+}
+
+fn page(word: &str, links: &[String]) -> String {
+    let links: String = links.iter().map(|l| format!("<a href=\"{l}\">next</a>")).collect();
+    format!("<html><head><title>{word}</title></head><body><p>all about {word} here</p>{links}</body></html>")
+}
+
+const BOUNDS: QueryLimits = QueryLimits { bytes_max: 1024, nesting_max: 32 };
+
+#[test]
+fn a_queue_nobody_drains_is_emptied_and_an_older_index_is_built_again() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let site = Site::default();
+        let urls: Vec<String> = (0..6).map(|i| format!("http://site.test/p{i}")).collect();
+        for (i, u) in urls.iter().enumerate() {
+            site.0.lock().unwrap().insert(u.clone(), page(&format!("word{i}"), &urls));
+        }
+        let mut config = Config::defaults();
+        config.store.backend = Backend::Memory;
+        config.search.queue_max = 3;
+        let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
+        let scope = CrawlScope {
+            seeds: vec![urls[0].clone()],
+            prefixes: vec![],
+            max_depth: 20,
+            max_redirects: 5,
+        };
+        let stop = CancellationToken::new();
+        let seed = Url::parse(&urls[0]).unwrap();
+
+        // The crawl queued a row per change; nothing drained them: the run's end empties it.
+        assert_eq!(app.search_generation().await.unwrap(), 0);
+        app.crawl(std::slice::from_ref(&seed), &scope, &stop).await.unwrap();
+        assert!(app.search_caught_up().await.unwrap(), "the queue was emptied");
+        assert_eq!(app.search_generation().await.unwrap(), 1);
+
+        // An index catches up: it is built from the pages.
+        let index = SearchIndex::open(None).unwrap();
+        let caught = index.catch_up(&app, 100, &stop).await.unwrap();
+        assert_eq!(caught, Some((6, 0)), "built from the six pages");
+        let hits = |q: &str| -> Vec<String> {
+            index.search(q, 10, BOUNDS).unwrap().into_iter().map(|h| h.url).collect()
+        };
+        assert_eq!(hits("word3"), [urls[3].clone()]);
+
+        // A change while no index drains: the queue is emptied again, and the index, of the
+        // older generation, is built again rather than left without the change.
+        for (i, u) in urls.iter().enumerate() {
+            site.0.lock().unwrap().insert(u.clone(), page(&format!("changed{i}"), &urls));
+        }
+        app.want_again(None).await.unwrap();
+        app.run_until_quiet("refetch", &stop).await.unwrap();
+        assert!(app.search_caught_up().await.unwrap());
+        assert_eq!(app.search_generation().await.unwrap(), 2);
+        let caught = index.catch_up(&app, 100, &stop).await.unwrap();
+        assert_eq!(caught, Some((6, 0)), "built again");
+        assert_eq!(hits("changed3"), [urls[3].clone()]);
+        assert!(hits("word3").is_empty(), "the old text is gone");
+
+        // Rows that wait for an index of this generation are applied, with no build.
+        site.0.lock().unwrap().insert(urls[3].clone(), page("again", &urls));
+        app.want_again(Some(std::slice::from_ref(&Url::parse(&urls[3]).unwrap()))).await.unwrap();
+        app.engine.run_until_quiet().await.unwrap();
+        assert!(!app.search_caught_up().await.unwrap(), "a few rows wait");
+        let (built, applied) = index.catch_up(&app, 100, &stop).await.unwrap().unwrap();
+        assert_eq!(built, 0, "the index is of this generation");
+        assert!(applied > 0);
+        assert_eq!(hits("again"), [urls[3].clone()]);
+    });
+}
