@@ -185,6 +185,12 @@ impl Observer for Fetch {
         );
         Ok(())
     }
+
+    /// A fetch waits on hosts (and on its turn at a polite one): it runs on permits of its
+    /// own, so that the stages after it never wait for a permit a waiting fetch holds.
+    fn waits_on_io(&self) -> bool {
+        true
+    }
 }
 
 /// A fetch's outcome as the metrics name it: the status class, "not_modified", "failed"

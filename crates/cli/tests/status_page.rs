@@ -138,7 +138,9 @@ fn the_status_page_shows_the_crawl_in_a_browser() {
         }
         let observers = &seen.tables["observers"];
         let parse = observers.iter().find(|r| r[0] == "parse").expect("a parse row");
-        assert_eq!(parse[2], status["observers"]["parse"]["runs"].to_string(), "{observers:?}");
+        assert_eq!(parse[1], "0", "nothing pending: {observers:?}");
+        assert_eq!(parse[2], "0.0", "so nothing waits: {observers:?}");
+        assert_eq!(parse[3], status["observers"]["parse"]["runs"].to_string(), "{observers:?}");
         let hosts = &seen.tables["hosts"];
         assert_eq!(hosts.len(), 1, "{hosts:?}");
         assert_eq!(hosts[0][0], site.base().trim_end_matches('/'));

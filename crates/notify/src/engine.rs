@@ -84,6 +84,13 @@ pub struct Pending {
     pub ts: Ts,
 }
 
+/// One observer's pending notifications: how many, and how long the oldest has waited.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Backlog {
+    pub pending: usize,
+    pub oldest_ms: u64,
+}
+
 /// What happened to one notification.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum RunOutcome {
@@ -258,6 +265,8 @@ pub struct Engine {
     pub(crate) lease_refused: AtomicU64,
     /// Signalled whenever a run finishes.
     pub(crate) progress: tokio::sync::Notify,
+    /// When timestamps were handed out, for the age of pending notifications.
+    ts_clock: crate::lag::TsClock,
     /// Signalled when the last run in flight finishes, and on a fatal error: what a wait for
     /// quiescence needs. (Woken on every run instead, a waiter on a thread of its own took a
     /// core from the runs ~40 times an update of one page.)
@@ -324,6 +333,7 @@ impl Engine {
             started: AtomicU64::new(0),
             lease_refused: AtomicU64::new(0),
             progress: tokio::sync::Notify::new(),
+            ts_clock: Default::default(),
             quiet: tokio::sync::Notify::new(),
             notifying_commits: AtomicU64::new(0),
             fatal: Mutex::new(None),
@@ -431,6 +441,51 @@ impl Engine {
             *by.entry(name).or_default() += 1;
         }
         Ok(by)
+    }
+
+    /// Per observer that has notifications pending (a column no observer watches: under its
+    /// column's name): how many (distinct), and how long the oldest has waited, in ms
+    /// (see [`crate::lag`]); counting at most `limit` notify cells.
+    pub async fn backlog(
+        &self,
+        limit: usize,
+    ) -> Result<std::collections::BTreeMap<String, Backlog>, TxnError> {
+        let now_ts = self.client.oracle().next().await?;
+        let now_ms = self.client.clock().now_ms();
+        self.ts_clock.note(now_ts.0, now_ms);
+        let cells = self.notify_cells(Bytes::new(), limit).await?;
+        let mut oldest: std::collections::BTreeMap<String, u64> = Default::default();
+        for c in &cells {
+            let name = self.observer_name(&c.qualifier);
+            let ts = oldest.entry(name).or_insert(u64::MAX);
+            *ts = (*ts).min(c.ts.0);
+        }
+        let mut by = std::collections::BTreeMap::new();
+        for p in collapse(cells) {
+            let name = self.observer_name(&p.column);
+            let b = by.entry(name.clone()).or_insert_with(|| {
+                let written = self.ts_clock.time_of(oldest[&name]).unwrap_or(now_ms);
+                Backlog { pending: 0, oldest_ms: now_ms.saturating_sub(written) }
+            });
+            b.pending += 1;
+        }
+        Ok(by)
+    }
+
+    /// Takes a sample of when timestamps are handed out (see [`crate::lag`]): the workers'
+    /// heartbeat does, so that a backlog's ages are right within a heartbeat while no run
+    /// begins.
+    pub(crate) async fn note_time(&self) -> Result<(), TxnError> {
+        let ts = self.client.oracle().next().await?;
+        self.ts_clock.note(ts.0, self.client.clock().now_ms());
+        Ok(())
+    }
+
+    fn observer_name(&self, column: &[u8]) -> String {
+        match self.registry.get(column) {
+            Some(reg) => reg.name.to_string(),
+            None => column.escape_ascii().to_string(),
+        }
     }
 
     /// Processes one notification: see the module docs. A settled notification is cleared
@@ -572,6 +627,7 @@ impl Engine {
         commit_by: Option<u64>,
     ) -> Result<Attempt, ObserverError> {
         let mut txn = self.client.begin().await?;
+        self.ts_clock.note(txn.start_ts().0, self.client.clock().now_ms());
         let ack_column = reg.ack_column();
         // One read for the ack, the trigger's newest commit and the columns of this row the
         // observer read in earlier runs (the paper's prefetching): its `get`s then hit the

@@ -19,6 +19,7 @@
 //! ```
 
 pub mod engine;
+pub mod lag;
 pub mod lease;
 pub mod observer;
 pub mod workers;
@@ -30,7 +31,7 @@ use perc_store::{FamilySpec, Schema, Store};
 use perc_txn::{Client, Clock, TxnConfig, TxnError};
 
 pub use engine::{
-    Engine, FailedEntry, ObserverStats, Pending, RunOutcome, StepReport, FAILED, PARKED,
+    Backlog, Engine, FailedEntry, ObserverStats, Pending, RunOutcome, StepReport, FAILED, PARKED,
 };
 pub use lease::{LeaseGuard, LocalLease, RowLease, StoreLease};
 pub use observer::{
@@ -62,6 +63,10 @@ pub struct NotifyConfig {
     pub scanners: usize,
     /// Observer runs in flight at once.
     pub concurrency: usize,
+    /// Runs of observers that wait on the network ([`Observer::waits_on_io`]: fetch) in
+    /// flight at once, beside `concurrency`: a run that waits for a slow host or its turn
+    /// at a polite one never holds a permit that the stages which compute need.
+    pub io_concurrency: usize,
     /// Notify cells read per scan call.
     pub scan_batch: usize,
     /// Retries of a run that conflicts, with jittered backoff, before leaving it for a later
@@ -101,6 +106,7 @@ impl Default for NotifyConfig {
         NotifyConfig {
             scanners: 2,
             concurrency: 16,
+            io_concurrency: 16,
             scan_batch: 512,
             conflict_retries: 8,
             failures_max: 5,

@@ -44,6 +44,12 @@ pub trait Observer: Send + Sync + 'static {
         row: &Bytes,
         column: &Bytes,
     ) -> Result<(), ObserverError>;
+
+    /// Whether its runs spend their time waiting on the network rather than computing: the
+    /// workers give such runs permits of their own (`workers.io_concurrency`).
+    fn waits_on_io(&self) -> bool {
+        false
+    }
 }
 
 /// One registered observer.

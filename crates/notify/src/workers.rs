@@ -65,12 +65,14 @@ struct Shared {
     stop: CancellationToken,
     wake: tokio::sync::Notify,
     permits: Arc<Semaphore>,
+    /// The permits of runs that wait on the network ([`crate::Observer::waits_on_io`]).
+    io_permits: Arc<Semaphore>,
     /// Each scanner's current position.
     positions: Mutex<Vec<Bytes>>,
     /// Rows where notifications were seen lately: the pool of random starts.
     sample: Mutex<Vec<Bytes>>,
-    /// Weak notifications being gathered: when a scanner first saw each (ms).
-    first_seen: Mutex<HashMap<(Bytes, Bytes), u64>>,
+    /// Weak notifications being gathered: when a scanner first and last saw each (ms).
+    first_seen: Mutex<HashMap<(Bytes, Bytes), Seen>>,
     /// The notifications this process's runs are answering (see [`Running`]).
     running: Mutex<HashMap<(Bytes, Bytes), Running>>,
     /// Runs that ended after a scanner found their notification newer than the run's: the
@@ -147,6 +149,7 @@ impl Workers {
         engine.client().set_scanners(config.scanners as u32);
         let shared = Arc::new(Shared {
             permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
+            io_permits: Arc::new(Semaphore::new(config.io_concurrency.max(1))),
             positions: Mutex::new(vec![Bytes::new(); config.scanners]),
             sample: Mutex::new(Vec::new()),
             first_seen: Mutex::new(HashMap::new()),
@@ -232,8 +235,10 @@ impl Workers {
             let _ = t.await;
         }
         // Runs in flight hold permits: taking them all means they are done.
-        let n = self.shared.engine.config().concurrency.max(1) as u32;
+        let config = self.shared.engine.config();
+        let n = config.concurrency.max(1) as u32;
         let _ = self.shared.permits.acquire_many(n).await;
+        let _ = self.shared.io_permits.acquire_many(config.io_concurrency.max(1) as u32).await;
         // Left uncleared, they would only run again, finding nothing.
         if let Err(e) = self.shared.engine.flush_clears().await {
             tracing::warn!(error = %e, "clearing settled notifications failed");
@@ -328,7 +333,9 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             if config.gather_ms > 0 && weak {
                 let now = engine.client().clock().now_ms();
                 let mut seen = shared.first_seen.lock().unwrap_or_else(|e| e.into_inner());
-                let first = *seen.entry(key.clone()).or_insert(now);
+                let sighting = seen.entry(key.clone()).or_insert(Seen { first: now, last: now });
+                sighting.last = now;
+                let first = sighting.first;
                 let busy = engine.in_flight.load(Ordering::SeqCst) >= busy_runs;
                 let window = if upstream < stage { UPSTREAM_WINDOWS } else { 1 } * config.gather_ms;
                 if busy && now < first + window {
@@ -339,13 +346,30 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 }
                 seen.remove(&key);
             }
+            // A run that waits on the network takes a permit of its own pool, and only one
+            // that is free: this scanner goes on to the notifications behind it rather than
+            // wait for a slow host (the notification stays, for the next round).
+            let io = reg.is_some_and(|r| r.observer.waits_on_io());
+            let io_permit = match io {
+                true => match shared.io_permits.clone().try_acquire_owned() {
+                    Ok(p) => Some(p),
+                    Err(_) => continue,
+                },
+                false => None,
+            };
             if !shared.start_running(&key, p.ts) {
                 continue;
             }
             last_dispatched += 1;
-            let Ok(permit) = shared.permits.clone().acquire_owned().await else {
-                shared.end_running(&key);
-                return;
+            let permit = match io_permit {
+                Some(p) => p,
+                None => match shared.permits.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => {
+                        shared.end_running(&key);
+                        return;
+                    }
+                },
             };
             engine.begin_tracked();
             let shared = shared.clone();
@@ -384,7 +408,7 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 pause_round(&shared, pause, busy_runs, gathered, news_at).await;
                 news_at = shared.news();
                 // Forget notifications no longer seen (another worker ran them).
-                let horizon = 10 * config.gather_ms.max(1);
+                let horizon = FORGET_WINDOWS * config.gather_ms.max(1);
                 forget_seen(
                     &mut shared.first_seen.lock().unwrap_or_else(|e| e.into_inner()),
                     now,
@@ -399,13 +423,26 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
     }
 }
 
-/// Forgets the notifications first seen `horizon` ms or longer before `now`, and gives back
+/// When a scanner first and last saw a weak notification it holds back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seen {
+    first: u64,
+    last: u64,
+}
+
+/// A notification not seen for this many gathering windows is forgotten (another worker ran
+/// it). Measured from when it was last seen, not first: one held back for the
+/// [`UPSTREAM_WINDOWS`] windows is seen again every round meanwhile, and forgetting it by
+/// its first sighting would begin its wait again, for ever while the stages upstream stay
+/// busy (under a steady recrawl an in-degree waited so, 3,500 of them at once).
+const FORGET_WINDOWS: u64 = 10;
+
+/// Forgets the notifications last seen `horizon` ms or longer before `now`, and gives back
 /// the table's memory once it is mostly empty. A bulk load leaves the table sized for its
 /// thousands of gathered notifications, and every round walks the whole table: left at that
-/// size, the walk cost an update at 100k pages ~11 ms of CPU, against ~3 at 1k
-/// (docs/benchmarks.md, session 18).
-fn forget_seen(seen: &mut HashMap<(Bytes, Bytes), u64>, now: u64, horizon: u64) {
-    seen.retain(|_, first| now.saturating_sub(*first) < horizon);
+/// size, the walk cost an update at 100k pages ~11 ms of CPU, against ~3 at 1k.
+fn forget_seen(seen: &mut HashMap<(Bytes, Bytes), Seen>, now: u64, horizon: u64) {
+    seen.retain(|_, s| now.saturating_sub(s.last) < horizon);
     if seen.capacity() > 4 * seen.len().max(SEEN_KEPT) {
         seen.shrink_to(2 * seen.len().max(SEEN_KEPT));
     }
@@ -487,6 +524,9 @@ async fn heartbeat(shared: Arc<Shared>) {
                 tracing::warn!(error = %e, "heartbeat failed");
             }
         }
+        if let Err(e) = shared.engine.note_time().await {
+            tracing::debug!(error = %e, "cannot sample the time of a timestamp");
+        }
         tokio::select! {
             _ = shared.stop.cancelled() => {}
             _ = client.clock().sleep_ms(every) => {}
@@ -541,13 +581,14 @@ mod tests {
     #[test]
     fn forgetting_old_notifications_gives_back_the_room_a_bulk_load_took() {
         let key = |i: u32| (Bytes::from(format!("p:{i}")), Bytes::from_static(b"indeg:dirty"));
-        let mut seen: HashMap<(Bytes, Bytes), u64> = HashMap::new();
+        let at = |ms: u64| Seen { first: ms, last: ms };
+        let mut seen: HashMap<(Bytes, Bytes), Seen> = HashMap::new();
         // A bulk load: 100,000 seen at ms 0..1000; then 10 seen at 5000.
         for i in 0..100_000 {
-            seen.insert(key(i), u64::from(i % 1000));
+            seen.insert(key(i), at(u64::from(i % 1000)));
         }
         for i in 0..10 {
-            seen.insert(key(1_000_000 + i), 5000);
+            seen.insert(key(1_000_000 + i), at(5000));
         }
         // At 5,500 with a horizon of 1,000, the load's are forgotten and the last 10 kept.
         forget_seen(&mut seen, 5500, 1000);
@@ -555,9 +596,31 @@ mod tests {
         assert!((0..10).all(|i| seen.contains_key(&key(1_000_000 + i))));
         assert!(seen.capacity() <= 4 * SEEN_KEPT, "capacity {}", seen.capacity());
         // A table that is in use keeps its room: nothing to give back.
-        let mut busy: HashMap<(Bytes, Bytes), u64> = (0..1000).map(|i| (key(i), 5000)).collect();
+        let mut busy: HashMap<(Bytes, Bytes), Seen> =
+            (0..1000).map(|i| (key(i), at(5000))).collect();
         let room = busy.capacity();
         forget_seen(&mut busy, 5500, 1000);
         assert_eq!((busy.len(), busy.capacity()), (1000, room));
+    }
+
+    /// A notification held back for the upstream windows is seen every round meanwhile: it
+    /// keeps its first sighting however long it waits, so its wait ends.
+    #[test]
+    fn a_notification_seen_every_round_keeps_its_first_sighting() {
+        let gather_ms = 500;
+        let key = (Bytes::from_static(b"p:a"), Bytes::from_static(b"indeg:dirty"));
+        let mut seen = HashMap::from([(key.clone(), Seen { first: 0, last: 0 })]);
+        // Rounds every 300 ms through the upstream window, the key seen in each.
+        let window = UPSTREAM_WINDOWS * gather_ms;
+        let mut now = 0;
+        while now < window {
+            now += 300;
+            seen.get_mut(&key).unwrap().last = now;
+            forget_seen(&mut seen, now, FORGET_WINDOWS * gather_ms);
+        }
+        assert_eq!(seen[&key].first, 0, "its wait began again");
+        // Not seen any more: forgotten after the horizon.
+        forget_seen(&mut seen, now + FORGET_WINDOWS * gather_ms, FORGET_WINDOWS * gather_ms);
+        assert!(seen.is_empty());
     }
 }

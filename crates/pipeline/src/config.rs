@@ -80,6 +80,9 @@ pub struct Recrawl {
     /// How often the scheduler looks for URLs that are due, and the most it asks for at once.
     pub tick_ms: u64,
     pub batch: u64,
+    /// Back-pressure: while this many notifications wait for the observers, the scheduler
+    /// asks for nothing more.
+    pub pending_max: u64,
     /// Intervals of URL prefixes (`[[recrawl.prefix]]`): the longest that contains a URL
     /// gives it the intervals it sets; the ones it leaves out are the global ones.
     pub prefix: Vec<RecrawlPrefix>,
@@ -388,6 +391,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("crawl.seeds_max", 1, i64::MAX),
     ("workers.scanners", 0, 1024),
     ("workers.concurrency", 1, 100_000),
+    ("workers.io_concurrency", 1, 100_000),
     ("workers.scan_batch", 1, 1_000_000),
     ("workers.conflict_retries", 0, 1_000_000),
     ("workers.failures_max", 1, 1_000_000),
@@ -407,6 +411,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("recrawl.max_interval_s", 1, i64::MAX),
     ("recrawl.tick_ms", 1, i64::MAX),
     ("recrawl.batch", 1, 1_000_000),
+    ("recrawl.pending_max", 1, 10_000_000),
     ("serve.body_bytes_max", 1024, 1 << 30),
     ("serve.request_timeout_ms", 1, i64::MAX),
     ("serve.shutdown_ms", 0, i64::MAX),

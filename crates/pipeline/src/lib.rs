@@ -398,6 +398,9 @@ pub struct Status {
     pub pending: usize,
     /// The pending notifications by the observer they wait for.
     pub pending_by_observer: std::collections::BTreeMap<String, usize>,
+    /// How long the oldest pending notification of each observer with any has waited, in
+    /// ms: whether the stage keeps up.
+    pub oldest_pending_ms: std::collections::BTreeMap<String, u64>,
     /// Locks in the store: transactions committing now, or left by a process that died (the
     /// next reader or writer of their rows resolves them).
     pub locks: usize,
@@ -575,10 +578,21 @@ impl Pipeline {
     }
 
     /// Asks again for the URLs that are due for a recrawl now (at most `recrawl.batch`),
-    /// without waiting; how many.
+    /// without waiting; how many. Back-pressure: while `recrawl.pending_max` notifications
+    /// or more wait for the observers, it asks for none, and below that for no more than
+    /// would reach it; the URLs left due are asked for at a later tick (the recrawl's lag
+    /// shows how late), so a recrawl that asks more than the machine indexes never buries
+    /// the stages after the fetch.
     pub async fn recrawl_due(&self) -> Result<usize> {
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        let pending_max = size(self.config.recrawl.pending_max);
+        let pending = self.engine.pending_count(pending_max).await?;
+        let room = pending_max.saturating_sub(pending);
+        if room == 0 {
+            return Ok(0);
+        }
         let now = self.client.clock().now_ms();
-        let limit = usize::try_from(self.config.recrawl.batch).unwrap_or(usize::MAX);
+        let limit = size(self.config.recrawl.batch).min(room);
         Ok(perc_observers::recrawl_due(&self.client, now, limit).await?)
     }
 
@@ -779,7 +793,11 @@ impl Pipeline {
     /// notifications.
     pub async fn status(&self) -> Result<Status> {
         let report = perc_observers::report(&self.client, &[]).await?;
-        let pending_by_observer = self.engine.pending_by_observer(1_000_000).await?;
+        let backlog = self.engine.backlog(1_000_000).await?;
+        let pending_by_observer: std::collections::BTreeMap<String, usize> =
+            backlog.iter().map(|(name, b)| (name.clone(), b.pending)).collect();
+        let oldest_pending_ms =
+            backlog.iter().map(|(name, b)| (name.clone(), b.oldest_ms)).collect();
         let pending = pending_by_observer.values().sum();
         let t = self.client.begin().await?;
         let mut counters = decode_stored(t.get(STATS_ROW, STATS_COLUMN).await?, OBSERVER_COUNTERS)?;
@@ -823,6 +841,7 @@ impl Pipeline {
             report,
             pending,
             pending_by_observer,
+            oldest_pending_ms,
             locks,
             counters,
             parked,
@@ -909,6 +928,7 @@ impl Status {
                     "runs": runs, "commits": commits, "skipped": skipped,
                     "conflicts": conflicts, "failures": failures, "parked": parked,
                     "pending": self.pending_by_observer.get(name).copied().unwrap_or(0),
+                    "oldest_pending_s": self.oldest_pending_ms.get(name).copied().unwrap_or(0) as f64 / 1000.0,
                 });
                 (name.clone(), v)
             })
@@ -934,6 +954,7 @@ impl Status {
             "not_page_examples": r.not_page_examples,
             "pending": self.pending,
             "pending_by_observer": self.pending_by_observer,
+            "oldest_pending_s": self.oldest_pending_ms.values().max().copied().unwrap_or(0) as f64 / 1000.0,
             "locks": self.locks,
             "observers": counters,
             "parked": self.parked.len(),

@@ -91,7 +91,7 @@ impl Status {
         }
         line!(
             text,
-            "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9}",
+            "\n{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>10}",
             "observer",
             "runs",
             "commits",
@@ -99,7 +99,8 @@ impl Status {
             "conflicts",
             "failures",
             "parked",
-            "pending"
+            "pending",
+            "oldest (s)"
         );
         let mut names: std::collections::BTreeSet<&String> = st.counters.keys().collect();
         names.extend(st.pending_by_observer.keys());
@@ -107,7 +108,8 @@ impl Status {
             let [runs, commits, skipped, conflicts, failures, parked] =
                 st.counters.get(name).copied().unwrap_or_default();
             let pending = st.pending_by_observer.get(name).copied().unwrap_or(0);
-            line!(text, "{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7} {pending:>9}");
+            let oldest = st.oldest_pending_ms.get(name).copied().unwrap_or(0) as f64 / 1000.0;
+            line!(text, "{name:<10} {runs:>9} {commits:>9} {skipped:>9} {conflicts:>9} {failures:>9} {parked:>7} {pending:>9} {oldest:>10.1}");
         }
         if !st.parked.is_empty() {
             line!(text, "\nparked notifications ({}):", st.parked.len());

@@ -43,6 +43,10 @@ fn describe() {
     describe_gauge!("perc_urls_waiting", "URLs in the frontier not fetched yet");
     describe_gauge!("perc_urls_not_pages", "URLs fetched that are not pages, by reason");
     describe_gauge!("perc_notifications_pending", "Notifications waiting, by observer");
+    describe_gauge!(
+        "perc_notification_age_seconds",
+        "How long the oldest pending notification has waited, by observer (0: none waits)"
+    );
     describe_counter!("perc_observer_runs_total", "Observer runs, every process's");
     describe_counter!("perc_observer_commits_total", "Observer runs that committed");
     describe_counter!("perc_observer_skipped_total", "Notifications cleared without a run");
@@ -89,14 +93,25 @@ pub async fn render(
     gauge!("perc_urls_fetched").set(r.fetched as f64);
     gauge!("perc_urls_answered").set(r.answered as f64);
     gauge!("perc_urls_waiting").set(r.waiting as f64);
-    for (reason, n) in &r.not_pages {
-        gauge!("perc_urls_not_pages", "reason" => reason.clone()).set(*n as f64);
+    // A reason that had URLs and has none now reads 0, not its last count.
+    {
+        let mut shown = REASONS_SHOWN.lock().unwrap_or_else(|p| p.into_inner());
+        for reason in shown.iter().filter(|reason| !r.not_pages.contains_key(*reason)) {
+            gauge!("perc_urls_not_pages", "reason" => reason.clone()).set(0.0);
+        }
+        for (reason, n) in &r.not_pages {
+            gauge!("perc_urls_not_pages", "reason" => reason.clone()).set(*n as f64);
+            shown.insert(reason.clone());
+        }
     }
     let mut observers: std::collections::BTreeSet<&String> = st.counters.keys().collect();
     observers.extend(st.pending_by_observer.keys());
     for name in observers {
         let pending = st.pending_by_observer.get(name).copied().unwrap_or(0);
         gauge!("perc_notifications_pending", "observer" => name.clone()).set(pending as f64);
+        let age_ms = st.oldest_pending_ms.get(name).copied().unwrap_or(0);
+        gauge!("perc_notification_age_seconds", "observer" => name.clone())
+            .set(age_ms as f64 / 1000.0);
         let [runs, commits, skipped, conflicts, failures, parked] =
             st.counters.get(name).copied().unwrap_or_default();
         for (metric, v) in [
@@ -137,6 +152,10 @@ pub async fn render(
     handle.run_upkeep();
     Ok(handle.render())
 }
+
+/// The reasons `perc_urls_not_pages` was ever set for, by this process.
+static REASONS_SHOWN: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// Records one API request's duration (the endpoint: the path of a route, else "other").
 pub fn request(path: &str, status: u16, seconds: f64) {

@@ -1,8 +1,12 @@
-//! A site that fails for a while loses nothing (SPEC §7): through every kind of outage a
-//! refetch can meet (no connection, a timeout, robots.txt unreachable, 5xx, 429) each page
-//! keeps its last version in the export, its fetch state says why it was not refreshed, and
-//! it is asked again sooner; once the site answers, the index follows it again. A URL never
-//! fetched before is recorded with the reason meanwhile, and becomes a page once it answers.
+//! The recrawl as a long-running service meets it.
+//!
+//! - A site that fails for a while loses nothing (SPEC §7): through every kind of outage a
+//!   refetch can meet (no connection, a timeout, robots.txt unreachable, 5xx, 429) each page
+//!   keeps its last version in the export, its fetch state says why it was not refreshed, and
+//!   it is asked again sooner; once the site answers, the index follows it again. A URL never
+//!   fetched before is recorded with the reason meanwhile, and becomes a page once it answers.
+//! - Back-pressure: the scheduler asks for no more due URLs while `recrawl.pending_max`
+//!   notifications wait, and for no more than would reach it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -171,5 +175,45 @@ fn a_url_never_fetched_is_recorded_with_the_reason_until_it_answers() {
         site.down(None);
         refetch_all(&app).await;
         assert_eq!(export(&app).await.len(), 1);
+    });
+}
+
+#[test]
+fn the_recrawl_asks_for_nothing_while_the_index_is_behind() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let site = Site::default();
+        let urls: Vec<String> = (0..8).map(|i| format!("http://site.test/p{i}")).collect();
+        let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+        for u in &urls {
+            site.set(u, &page(u, &refs));
+        }
+        let mut config = Config::defaults();
+        config.store.backend = Backend::Memory;
+        config.recrawl.interval_s = 60;
+        config.recrawl.min_interval_s = 60;
+        config.recrawl.pending_max = 3;
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let app = Pipeline::builder(config)
+            .source(Arc::new(site.clone()))
+            .clock(clock.clone())
+            .open()
+            .await
+            .unwrap();
+        crawl(&app, &urls[0]).await;
+        assert_eq!(export(&app).await.len(), 8);
+        // Every URL is due; nothing waits: it asks for as many as would reach the bound.
+        clock.advance_ms(61_000);
+        assert_eq!(app.recrawl_due().await.unwrap(), 3);
+        // Three fetches wait now: it asks for nothing more.
+        assert_eq!(app.recrawl_due().await.unwrap(), 0);
+        assert_eq!(app.recrawl_due().await.unwrap(), 0);
+        // Once the index has caught up, the rest are asked for, a bounded share at a time.
+        app.engine.run_until_quiet().await.unwrap();
+        assert_eq!(app.recrawl_due().await.unwrap(), 3);
+        app.engine.run_until_quiet().await.unwrap();
+        assert_eq!(app.recrawl_due().await.unwrap(), 2, "the last two due");
+        app.engine.run_until_quiet().await.unwrap();
+        assert_eq!(app.recrawl_due().await.unwrap(), 0, "none due until the next interval");
     });
 }
