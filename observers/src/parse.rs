@@ -79,7 +79,13 @@ impl Observer for Parse {
         } else {
             let parsed = perc_crawl::parse_for_index(&url, &body, head.charset.as_deref());
             let refresh = parsed.refresh.as_ref();
-            if let Some(target) = refresh.and_then(perc_crawl::Refresh::redirect) {
+            if let Some(depth) = parsed.too_deep {
+                meta.kind = "other".into();
+                meta.reason = format!(
+                    "HTML nested more than {} elements deep ({depth} and more): not parsed",
+                    perc_crawl::nesting::NESTING_MAX
+                );
+            } else if let Some(target) = refresh.and_then(perc_crawl::Refresh::redirect) {
                 // A delay-0 refresh is a redirect, exactly as an HTTP one (SPEC §6.2).
                 redirect(&mut meta, &mut follow, &url, Some(target.clone()), "refresh");
             } else {
@@ -89,6 +95,7 @@ impl Observer for Parse {
                 meta.content_hash = perc_crawl::content_hash(&body);
                 meta.encoding = parsed.encoding.to_string();
                 meta.long_links_dropped = parsed.long_links as u32;
+                meta.links_over_max = parsed.links_over_max as u32;
                 meta.declared_canonical = parsed.canonical.map(String::from);
                 meta.simhash = parsed.simhash.map(model::simhash_hex);
                 simhash = parsed.simhash;

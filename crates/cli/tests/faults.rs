@@ -422,6 +422,36 @@ fn a_link_longer_than_the_limit_is_dropped_and_the_page_keeps_its_other_links() 
     assert!(!got.contains(&long));
 }
 
+/// A page nested 80,000 elements deep took the parser minutes (its cost is elements times
+/// depth): it is recorded, not parsed, and the crawl and a search over the store go on.
+#[test]
+fn a_page_nested_past_the_limit_is_recorded_not_parsed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let web = tmp.path().join("web");
+    std::fs::create_dir_all(&web).unwrap();
+    std::fs::write(
+        web.join("index.html"),
+        "<title>home</title><p>the home page</p><a href='deep.html'>deep</a>",
+    )
+    .unwrap();
+    let n = 80_000;
+    let deep = format!("<title>deep</title>{}x{}", "<div>".repeat(n), "</div>".repeat(n));
+    std::fs::write(web.join("deep.html"), deep).unwrap();
+    let site = Site::start(&web);
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("store");
+    let mut run = command(&data, &["crawl", "--seeds", s.to_str().unwrap()]);
+    let (ok, stderr) =
+        finish_within(&mut run, &tmp.path().join("log"), Duration::from_secs(120), "the crawl");
+    assert!(ok, "{stderr}");
+    let page = common::ok(&common::perc(&data, &["page", &site.url("deep.html")]));
+    assert!(page.contains("HTML nested more than 512 elements deep"), "{page}");
+    let got = export(&data, &tmp.path().join("out.jsonl"));
+    assert_eq!(got.lines().count(), 1, "the home page alone: {got}");
+    let found = common::perc(&data, &["search", "home"]);
+    assert_eq!(found.status.code(), Some(0), "{}", stderr_of(&found));
+}
+
 #[test]
 fn scope_prefixes_are_urls_matched_at_segment_boundaries() {
     let tmp = tempfile::tempdir().unwrap();

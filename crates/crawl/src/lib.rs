@@ -5,6 +5,7 @@
 //! a socket.
 
 pub mod fetch;
+pub mod nesting;
 pub mod parse;
 pub mod robots;
 pub mod simhash;

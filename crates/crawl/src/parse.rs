@@ -63,6 +63,11 @@ pub struct ParsedPage {
     pub refresh: Option<Refresh>,
     /// Links left out for their length ([`crate::urls::link_fits`]).
     pub long_links: usize,
+    /// Links to targets past the first [`LINKS_MAX`], left out.
+    pub links_over_max: usize,
+    /// The depth past [`crate::nesting::NESTING_MAX`] its elements reach, when they do: the
+    /// page was not parsed, and says nothing else.
+    pub too_deep: Option<usize>,
     /// The simhash of the body's text ([`crate::simhash`]); `None` under 3 tokens, or
     /// when not asked for ([`parse`] leaves it out, [`parse_for_index`] computes it).
     pub simhash: Option<u64>,
@@ -135,6 +140,11 @@ pub fn decode(body: &[u8], http_charset: Option<&str>) -> (String, &'static Enco
     (text.into_owned(), used)
 }
 
+/// The most distinct link targets of one page that become edges: a page of a quarter of a
+/// million links (a 10 MB sitemap as HTML, a trap) would otherwise make as many rows in one
+/// transaction. Link farms and index pages stay well below it.
+pub const LINKS_MAX: usize = 10_000;
+
 fn selector(s: &str) -> Selector {
     Selector::parse(s).expect("static selector")
 }
@@ -163,13 +173,20 @@ pub fn parse_for_index(url: &Url, body: &[u8], http_charset: Option<&str>) -> Pa
 /// over (SPEC §6.4a), decoded as [`parse`] decodes it.
 pub fn page_text(body: &[u8], http_charset: Option<&str>) -> String {
     let (text, _) = decode(body, http_charset);
+    if crate::nesting::too_deep(&text).is_some() {
+        return String::new();
+    }
     crate::simhash::body_text(&Html::parse_document(&text))
 }
 
 fn parse_document(url: &Url, body: &[u8], http_charset: Option<&str>) -> (ParsedPage, Html) {
     let (text, encoding) = decode(body, http_charset);
-    let doc = Html::parse_document(&text);
     let mut page = ParsedPage { encoding: encoding.name(), ..ParsedPage::default() };
+    if let Some(depth) = crate::nesting::too_deep(&text) {
+        page.too_deep = Some(depth);
+        return (page, Html::new_document());
+    }
+    let doc = Html::parse_document(&text);
 
     page.title = doc
         .select(&selector("title"))
@@ -236,6 +253,7 @@ fn parse_document(url: &Url, body: &[u8], http_charset: Option<&str>) -> (Parsed
                 }
                 link.follow |= follow;
             }
+            None if page.links.len() >= LINKS_MAX => page.links_over_max += 1,
             None => {
                 index.insert(target.clone(), page.links.len());
                 page.links.push(Link { target, anchor, follow });
@@ -331,6 +349,23 @@ mod tests {
                 ("http://h.test/c.html", "see", true),
                 ("http://other.test/", "out", true),
             ]
+        );
+    }
+
+    #[test]
+    fn a_page_keeps_its_first_links_up_to_the_most_and_counts_the_rest() {
+        let mut html = String::from("<a href=\"/l0\"></a>");
+        for i in 0..LINKS_MAX + 5 {
+            html.push_str(&format!("<a href=\"/l{i}\">x</a>"));
+        }
+        // A link to a kept target still gives it its anchor.
+        html.push_str("<a href=\"/l0\">first</a>");
+        let p = parse(&url("http://h.test/"), html.as_bytes(), Some("utf-8"));
+        assert_eq!((p.links.len(), p.links_over_max), (LINKS_MAX, 5));
+        assert_eq!(p.links[0].anchor, "x");
+        assert_eq!(
+            p.links[LINKS_MAX - 1].target.as_str(),
+            format!("http://h.test/l{}", LINKS_MAX - 1)
         );
     }
 

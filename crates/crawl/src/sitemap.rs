@@ -149,10 +149,17 @@ fn parse_xml(text: &[u8], listed: &mut Listed) {
     }
 }
 
-/// The page URLs the sitemaps named by `roots` list (an index's sitemaps read in turn), in
-/// the order found, each once, and a warning naming each file that had a problem. Fetched
+/// The page URLs the sitemaps named by `roots` list that `wanted` keeps (an index's sitemaps
+/// read in turn), in the order found, each once, at most `urls_max` of them (no file is
+/// read once they are found: an index of a hundred files of 50,000 URLs each is no reason
+/// to hold five million), and a warning naming each file that had a problem. Fetched
 /// through `source` (politeness, robots.txt and any recording apply).
-pub async fn collect(source: &dyn Source, roots: &[Url]) -> (Vec<Url>, Vec<String>) {
+pub async fn collect(
+    source: &dyn Source,
+    roots: &[Url],
+    wanted: &(dyn Fn(&Url) -> bool + Sync),
+    urls_max: usize,
+) -> (Vec<Url>, Vec<String>) {
     let mut urls: Vec<Url> = Vec::new();
     let mut seen_urls = std::collections::HashSet::new();
     let mut warnings = Vec::new();
@@ -161,6 +168,14 @@ pub async fn collect(source: &dyn Source, roots: &[Url]) -> (Vec<Url>, Vec<Strin
         roots.iter().map(|u| (u.clone(), false)).collect();
     let mut fetched: std::collections::HashSet<Url> = std::collections::HashSet::new();
     while let Some((at, from_index)) = queue.pop_front() {
+        if urls.len() >= urls_max {
+            warnings.push(format!(
+                "sitemaps: {urls_max} URLs found (crawl.sitemap_urls_max): {} more sitemap \
+                 file(s) left unread",
+                queue.len() + 1
+            ));
+            break;
+        }
         if !fetched.insert(at.clone()) {
             continue;
         }
@@ -206,11 +221,11 @@ pub async fn collect(source: &dyn Source, roots: &[Url]) -> (Vec<Url>, Vec<Strin
         let mut bad = 0;
         for u in &listed.urls {
             match resolve(u) {
-                Ok(u) => {
-                    if seen_urls.insert(u.clone()) {
-                        urls.push(u);
-                    }
+                Ok(u) if urls.len() < urls_max && wanted(&u) && !seen_urls.contains(&u) => {
+                    seen_urls.insert(u.clone());
+                    urls.push(u);
                 }
+                Ok(_) => {}
                 Err(_) => bad += 1,
             }
         }

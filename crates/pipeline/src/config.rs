@@ -258,6 +258,8 @@ pub struct Crawl {
     pub seeds_max: u64,
     /// Crawl the URLs of the sitemaps the seeds' robots.txt files name (SPEC §6.1).
     pub sitemaps: bool,
+    /// The most in-scope URLs taken from the sitemaps of one list of seeds.
+    pub sitemap_urls_max: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -388,6 +390,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("crawl.robots_retry_ms", 0, i64::MAX),
     ("crawl.robots_attempts", 1, 100),
     ("crawl.robots_give_up_ms", 1, i64::MAX),
+    ("crawl.sitemap_urls_max", 0, i64::MAX),
     ("crawl.seeds_max", 1, i64::MAX),
     ("workers.scanners", 0, 1024),
     ("workers.concurrency", 1, 100_000),

@@ -489,12 +489,15 @@ impl Pipeline {
                 }
             }
         }
-        let (urls, warnings) = perc_crawl::sitemap::collect(self.source.as_ref(), &roots).await;
+        let known: std::collections::HashSet<&Url> = seeds.iter().collect();
+        let wanted = |u: &Url| in_scope.contains(u) && !known.contains(u);
+        let most = usize::try_from(self.config.crawl.sitemap_urls_max).unwrap_or(usize::MAX);
+        let (urls, warnings) =
+            perc_crawl::sitemap::collect(self.source.as_ref(), &roots, &wanted, most).await;
         for w in warnings {
             tracing::warn!("{w}");
         }
-        let known: std::collections::HashSet<&Url> = seeds.iter().collect();
-        Ok(urls.into_iter().filter(|u| in_scope.contains(u) && !known.contains(u)).collect())
+        Ok(urls)
     }
 
     /// Loads every response record of `files` (a directory: its WARCs, in name order) and

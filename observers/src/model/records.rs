@@ -176,6 +176,9 @@ pub struct Meta {
     /// to share a row key with this page's URL).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub long_links_dropped: u32,
+    /// Links to distinct targets past the most one page keeps (`perc_crawl::parse::LINKS_MAX`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub links_over_max: u32,
     /// The page's `<link rel=canonical>`, resolved: its vote (SPEC §6.4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared_canonical: Option<String>,
