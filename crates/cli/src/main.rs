@@ -1044,16 +1044,19 @@ async fn serve(
     let data =
         (config.store.backend == config::Backend::Sled).then(|| PathBuf::from(&config.store.data));
     let serve_config = config.serve.clone();
-    let scope = match &seeds {
-        Some(seeds) => Some(crawl_scope(&config, seeds, prefixes)?),
-        None => None,
-    };
-    let app = Pipeline::open(config, Fetching::Live { warc_out: None }, Create::IfMissing).await?;
-    if let (Some(seeds), Some(scope)) = (&seeds, &scope) {
-        app.add_seeds(seeds, scope).await?;
+    if let Some(seeds) = &seeds {
+        // Bad prefixes fail here, before the store is opened.
+        crawl_scope(&config, seeds, prefixes)?;
     }
+    let app = Pipeline::open(config, Fetching::Live { warc_out: None }, Create::IfMissing).await?;
     let token = perc_serve::token(&serve_config, data.as_deref())?;
-    perc_serve::run(app, &serve_config, listener, data.as_deref(), token, stop, |addr| {
+    let start = perc_serve::Start {
+        data: data.as_deref(),
+        token,
+        seeds: seeds.unwrap_or_default(),
+        prefixes: prefixes.to_vec(),
+    };
+    perc_serve::run(app, &serve_config, listener, start, stop, |addr| {
         // A closed stdout loses the line, and nothing else: the address is in serve.json.
         let _ = writeln!(std::io::stdout(), "perc serve: listening on http://{addr}");
         let _ = std::io::stdout().flush();

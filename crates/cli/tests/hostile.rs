@@ -1,6 +1,7 @@
-//! `perc serve` against hostile clients: a query built to overflow the parser's stack, slow
-//! and idle sockets, a flood of connections. Each answer is a clear refusal or a closed
-//! socket; the server goes on answering everyone else.
+//! `perc serve` against hostile clients and sites: a query built to overflow the parser's
+//! stack, slow and idle sockets, a flood of connections, a seed whose host never answers.
+//! Each answer is a clear refusal or a closed socket; the server goes on answering everyone
+//! else.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -133,4 +134,44 @@ fn connections_beyond_the_cap_are_closed_at_once_and_the_rest_are_served() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(server.terminate(), Some(0));
+}
+
+/// A host that accepts connections and never answers: robots.txt and the sitemaps of a
+/// seed there take every timeout and retry to give up on. Adding such a seed, at startup or
+/// by `POST /v1/seeds`, answers at once; the sitemaps are read in the background.
+#[test]
+fn seeds_on_a_host_that_never_answers_are_taken_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let seed = format!("http://{}/", silent.local_addr().unwrap());
+    let s = seeds(tmp.path(), std::slice::from_ref(&seed));
+    let started = Instant::now();
+    let server = Server::start(
+        &tmp.path().join("data"),
+        &[
+            "--set",
+            "crawl.total_timeout_ms=30000",
+            "--set",
+            "serve.request_timeout_ms=3000",
+            "--seeds",
+            s.to_str().unwrap(),
+        ],
+    );
+    let status = server.json("/v1/status");
+    // Reading robots.txt there takes three attempts of 30 s: the server answered long before.
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    assert!(status["pending"].as_u64() >= Some(1), "the seed waits to be fetched: {status}");
+    let token = std::fs::read_to_string(tmp.path().join("data/serve.token")).unwrap();
+    let other = format!("http://{}/other/", silent.local_addr().unwrap());
+    let (code, body) = server.post(
+        "/v1/seeds",
+        Some(token.trim()),
+        &serde_json::json!({ "seeds": [other] }).to_string(),
+    );
+    assert_eq!(code, 202, "{body}");
+    // A stop abandons the fetch that waits on the silent host rather than wait it out.
+    let stopping = Instant::now();
+    assert_eq!(server.terminate(), Some(0));
+    assert!(stopping.elapsed() < Duration::from_secs(30), "{:?}", stopping.elapsed());
+    drop(silent);
 }

@@ -84,6 +84,19 @@ pub struct Pending {
     pub ts: Ts,
 }
 
+/// Ends a tracked run when dropped: whatever way its future ends, the runs in flight go down
+/// by one and whoever waits for progress or quiescence is told.
+struct Tracked<'a>(&'a Engine);
+
+impl Drop for Tracked<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.quiet.notify_waiters();
+        }
+        self.0.progress.notify_waiters();
+    }
+}
+
 /// One observer's pending notifications: how many, and how long the oldest has waited.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Backlog {
@@ -895,15 +908,14 @@ impl Engine {
 
     /// Runs one notification with the in-flight bookkeeping that quiescence relies on.
     /// A settled notification is cleared later, with others ([`Self::flush_clears`]).
+    /// A run begun by [`Engine::begin_tracked`]; it counts as ended when it returns, or when
+    /// its future is dropped (a worker's stop abandons a run that waits on the network).
     pub(crate) async fn process_tracked(&self, p: &Pending) -> Result<RunOutcome, TxnError> {
+        let _ended = Tracked(self);
         let out = self.process_with(p, Clear::Deferred).await;
         if let Err(e) = &out {
             self.note(e);
         }
-        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.quiet.notify_waiters();
-        }
-        self.progress.notify_waiters();
         out
     }
 

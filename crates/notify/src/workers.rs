@@ -375,7 +375,17 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             let shared = shared.clone();
             shared.handle.clone().spawn(async move {
                 let engine = &shared.engine;
-                if let Err(e) = engine.process_tracked(&p).await {
+                // A stop abandons a run that waits on the network (a host that takes its
+                // time): its notification stays, and is run again after a restart.
+                let run = engine.process_tracked(&p);
+                let done = match io {
+                    true => tokio::select! {
+                        r = run => Some(r),
+                        () = shared.stop.cancelled() => None,
+                    },
+                    false => Some(run.await),
+                };
+                if let Some(Err(e)) = done {
                     if engine.fatal().is_none() {
                         tracing::warn!(error = %e, row = %p.row.escape_ascii(), "notification processing failed");
                     }

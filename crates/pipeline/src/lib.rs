@@ -453,8 +453,7 @@ impl Pipeline {
     }
 
     /// Adds `seeds` (and the in-scope URLs of the sitemaps their robots.txt files name) to
-    /// the frontier within `scope`, for the workers to crawl: what a crawl starts with, and
-    /// what `perc serve --seeds` does without waiting for the end.
+    /// the frontier within `scope`, for the workers to crawl: what a crawl starts with.
     pub async fn add_seeds(&self, seeds: &[Url], scope: &CrawlScope) -> Result<()> {
         let wanted = self.with_sitemaps(seeds, scope).await?;
         perc_observers::seed(&self.client, &wanted, scope).await?;
@@ -570,14 +569,32 @@ impl Pipeline {
     }
 
     /// Adds `seeds` to what this index crawls, without waiting: the stored scope grows by
-    /// theirs (narrowed by `prefixes`, else their origins), and they (and the in-scope URLs
-    /// of the sitemaps their robots.txt files name) are fetched (again).
-    /// Returns the seeds outside `prefixes` (fetched, their links not followed).
-    pub async fn extend_seeds(&self, seeds: &[Url], prefixes: &[String]) -> Result<Vec<Url>> {
+    /// theirs (narrowed by `prefixes`, else their origins), and they are fetched (again).
+    /// Returns the seeds outside `prefixes` (fetched, their links not followed), and the
+    /// scope they were added with, for [`Pipeline::add_sitemap_urls`]. One transaction: it
+    /// fetches nothing, so it answers at once whatever the seeds' hosts do.
+    pub async fn extend_seeds(
+        &self,
+        seeds: &[Url],
+        prefixes: &[String],
+    ) -> Result<(Vec<Url>, CrawlScope)> {
         let (scope, outside) = crawl_scope(&self.config, seeds, prefixes)?;
-        let wanted = self.with_sitemaps(seeds, &scope).await?;
-        perc_observers::seed_more(&self.client, &wanted, &scope).await?;
-        Ok(outside)
+        perc_observers::seed_more(&self.client, seeds, &scope).await?;
+        Ok((outside, scope))
+    }
+
+    /// With `crawl.sitemaps`, adds the in-scope URLs of the sitemaps that the seeds' robots.txt
+    /// files name to the frontier; how many. It fetches robots.txt and the sitemaps, politely:
+    /// seconds or minutes, which `perc serve` spends after it has answered.
+    pub async fn add_sitemap_urls(&self, seeds: &[Url], scope: &CrawlScope) -> Result<usize> {
+        if !self.config.crawl.sitemaps {
+            return Ok(0);
+        }
+        let urls = self.sitemap_seeds(seeds, scope).await?;
+        if !urls.is_empty() {
+            perc_observers::seed_more(&self.client, &urls, scope).await?;
+        }
+        Ok(urls.len())
     }
 
     /// Asks again for the URLs that are due for a recrawl now (at most `recrawl.batch`),

@@ -64,6 +64,22 @@ struct Served {
     exports: Arc<tokio::sync::Semaphore>,
     /// A client that takes none of an answer for this long is cut off (`serve.stall_ms`).
     stall: Duration,
+    /// Where work that takes a while after an answer runs (the indexing runtime): the
+    /// sitemaps of seeds just added.
+    background: tokio::runtime::Handle,
+}
+
+/// What `perc serve` starts with besides its configuration.
+#[derive(Debug, Default)]
+pub struct Start<'a> {
+    /// The sled store's directory: [`ADDRESS_FILE`] is written there while it runs.
+    pub data: Option<&'a Path>,
+    /// The write endpoints' token (see [`token`]).
+    pub token: Option<String>,
+    /// Seeds to add once it listens (`--seeds`), as `POST /v1/seeds` adds them, with the
+    /// prefixes that narrow their scope.
+    pub seeds: Vec<Url>,
+    pub prefixes: Vec<String>,
 }
 
 /// A status read: when it ran, and what it found.
@@ -133,19 +149,18 @@ pub fn token(config: &ServeConfig, data: Option<&Path>) -> Result<Option<String>
 }
 
 /// Serves `app` on `listener` until `stop`: runs the observers, answers the API, then stops
-/// both (requests in flight get `serve.shutdown_ms` to finish) and closes the store.
-/// `data`, the sled store's directory, gets [`ADDRESS_FILE`] while it runs; `ready` is
-/// called with the address once that file is written. `token` (see [`token`]) guards the
-/// write endpoints.
+/// both (requests in flight get `serve.shutdown_ms` to finish) and closes the store. `ready`
+/// is called with the address once [`ADDRESS_FILE`] is written (see [`Start`]); the seeds
+/// are added then, and their sitemaps read while it serves.
 pub async fn run(
     app: Pipeline,
     config: &ServeConfig,
     listener: tokio::net::TcpListener,
-    data: Option<&Path>,
-    token: Option<String>,
+    start: Start<'_>,
     stop: CancellationToken,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), PipelineError> {
+    let Start { data, token, seeds, prefixes } = start;
     let addr = listener.local_addr().map_err(io("cannot read the listening address"))?;
     let address_file = match data {
         Some(dir) => Some(write_address(dir, addr)?),
@@ -186,7 +201,11 @@ pub async fn run(
         last_status: tokio::sync::Mutex::new(None),
         exports: Arc::new(tokio::sync::Semaphore::new(config.exports_max.max(1))),
         stall: Duration::from_millis(config.stall_ms),
+        background: indexing.handle().clone(),
     });
+    if !seeds.is_empty() {
+        state.add_seeds(seeds, &prefixes).await?;
+    }
     let router = router(state.clone(), config);
     let shutdown = stop.clone();
     let grace = Duration::from_millis(config.shutdown_ms);
@@ -588,10 +607,33 @@ async fn seeds(
         ));
     }
     let seeds = urls("seeds", &b.seeds)?;
-    let outside = s.app.extend_seeds(&seeds, &b.prefixes).await?;
+    let n = seeds.len();
+    let outside = s.add_seeds(seeds, &b.prefixes).await?;
     let outside: Vec<&str> = outside.iter().map(Url::as_str).collect();
-    let answer = serde_json::json!({"seeds": seeds.len(), "outside_scope": outside});
+    let answer = serde_json::json!({"seeds": n, "outside_scope": outside});
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
+}
+
+impl Served {
+    /// Adds `seeds` to what the index crawls at once (one transaction), and reads their
+    /// sitemaps in the background: robots.txt and the sitemap files are fetched politely,
+    /// which takes as long as their hosts take. Returns the seeds outside `prefixes`.
+    async fn add_seeds(
+        &self,
+        seeds: Vec<Url>,
+        prefixes: &[String],
+    ) -> Result<Vec<Url>, PipelineError> {
+        let (outside, scope) = self.app.extend_seeds(&seeds, prefixes).await?;
+        let app = self.app.clone();
+        self.background.spawn(async move {
+            match app.add_sitemap_urls(&seeds, &scope).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("{n} URLs of the seeds' sitemaps added to the frontier"),
+                Err(e) => tracing::warn!(error = %e, "cannot read the seeds' sitemaps"),
+            }
+        });
+        Ok(outside)
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -959,6 +1001,7 @@ mod tests {
             last_status: tokio::sync::Mutex::new(None),
             exports: Arc::new(tokio::sync::Semaphore::new(exports_max)),
             stall: Duration::from_millis(stall_ms),
+            background: tokio::runtime::Handle::current(),
         })
     }
 
