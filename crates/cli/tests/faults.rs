@@ -610,6 +610,78 @@ fn disk_full_stops_the_crawl_with_one_clear_error_and_resumes_when_space_is_back
 
 /// The demo's robots.txt names a sitemap index: a gzip urlset (a page no followed link
 /// reaches, and a URL out of scope), a broken file and a missing one.
+/// Runs `script` with `sh` in a mount namespace of its own (as root, or as a user mapped to
+/// root), so that it may mount a small tmpfs; `env` are its variables. Fails the test with
+/// its stderr if it fails or outlasts `limit`.
+fn in_mount_namespace(tmp: &Path, script: &str, env: &[(&str, &Path)], limit: Duration) {
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let mut unshare = Command::new("unshare");
+    if !is_root {
+        unshare.args(["--user", "--map-root-user"]);
+    }
+    unshare.args(["--mount", "sh", "-c", script]).env_remove("RUST_LOG");
+    for (k, v) in env {
+        unshare.env(k, v);
+    }
+    let (ok, stderr) = finish_within(&mut unshare, &tmp.join("unshare"), limit, "the script");
+    assert!(ok, "the script (mounting a tmpfs in a mount namespace of its own) failed: {stderr}");
+}
+
+/// `perc serve` on a disk that fills stops with the one clear error and exit 2, rather than
+/// stay up answering 500 to everything; once there is space, it serves again.
+#[test]
+fn serve_on_a_full_disk_exits_2_with_one_clear_error_and_serves_again_with_space() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let script = r#"
+        set -u
+        mount -t tmpfs -o size=300k tmpfs "$MNT" || exit 90
+        timeout 60 "$PERC" --config "$CONFIG" --data "$MNT/store" serve --listen 127.0.0.1:0 \
+            --seeds "$SEEDS" > "$OUT/full.out" 2> "$OUT/full.err"
+        echo $? > "$OUT/full.rc"
+        mount -o remount,size=64m tmpfs "$MNT" || exit 91
+        "$PERC" --config "$CONFIG" --data "$MNT/store" serve --listen 127.0.0.1:0 \
+            > "$OUT/again.out" 2> "$OUT/again.err" &
+        pid=$!
+        # Serves again: the status it answers is the store's (the address is in serve.json).
+        for i in $(seq 600); do
+            [ -s "$MNT/store/serve.json" ] && break
+            sleep 0.1
+        done
+        addr=$(sed 's/.*"addr":"\([^"]*\)".*/\1/' "$MNT/store/serve.json")
+        "$PERC" --config "$CONFIG" --data "$MNT/store" status > "$OUT/status.out" 2>&1
+        echo $? > "$OUT/status.rc"
+        kill -TERM $pid; wait $pid; echo $? > "$OUT/again.rc"
+        echo "$addr" > "$OUT/addr"
+    "#;
+    let config = root().join("config/test.toml");
+    let env = [
+        ("MNT", mnt.as_path()),
+        ("OUT", tmp.path()),
+        ("PERC", Path::new(common::PERC)),
+        ("CONFIG", config.as_path()),
+        ("SEEDS", s.as_path()),
+    ];
+    in_mount_namespace(tmp.path(), script, &env, Duration::from_secs(200));
+    let read = |f: &str| std::fs::read_to_string(tmp.path().join(f)).unwrap();
+    let full_err = read("full.err");
+    let full_rc: i32 = read("full.rc").trim().parse().unwrap();
+    assert_ne!(full_rc, 124, "perc serve on a full disk was still up after 60 s: {full_err}");
+    assert_eq!(full_rc, 2, "{full_err}");
+    let errors: Vec<&str> = full_err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "one clear error: {full_err}");
+    assert!(errors[0].contains("no space left on device writing the store at"), "{full_err}");
+    assert_eq!(read("status.rc").trim(), "0", "{}", read("status.out"));
+    assert!(read("status.out").contains("pages"), "{}", read("status.out"));
+    assert_eq!(read("again.rc").trim(), "0", "{}", read("again.err"));
+}
+
 #[test]
 fn sitemaps_seed_the_crawl_and_a_bad_one_is_a_warning_naming_it() {
     let tmp = tempfile::tempdir().unwrap();

@@ -56,6 +56,9 @@ pub struct Pipeline {
     queue_checked: std::sync::Mutex<Option<Instant>>,
 }
 
+/// How often a process that runs observers looks whether an error stopped them.
+const FATAL_CHECK_EVERY: Duration = Duration::from_millis(250);
+
 /// How often a running process checks the search queue's size.
 const QUEUE_CHECK_EVERY: Duration = Duration::from_secs(60);
 
@@ -750,19 +753,31 @@ impl Pipeline {
 
     /// Runs the observers until `stop` (`perc worker`), reporting every
     /// `workers.report_ms`, then saves the counters.
+    ///
+    /// An error that stops the engine's runs (a full disk, a store that fails) ends it too,
+    /// and is returned: a process that runs no observer must not go on as if it did.
     pub async fn work(&self, stop: &CancellationToken) -> Result<()> {
         let workers = Workers::start(self.engine.clone(), &tokio::runtime::Handle::current());
         let mut last = Reported::new(&self.engine);
-        let every = self.config.workers.report_ms;
-        loop {
+        let every = Duration::from_millis(self.config.workers.report_ms);
+        let mut reported = Instant::now();
+        let fatal = loop {
             tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(Duration::from_millis(every)), if every > 0 => {
-                    self.report(&mut last).await;
-                }
+                _ = stop.cancelled() => break None,
+                _ = tokio::time::sleep(FATAL_CHECK_EVERY) => {}
             }
-        }
+            if let Some(e) = self.engine.fatal() {
+                break Some(e);
+            }
+            if !every.is_zero() && reported.elapsed() >= every {
+                self.report(&mut last).await;
+                reported = Instant::now();
+            }
+        };
         workers.shutdown().await;
+        if let Some(e) = fatal {
+            return Err(e.into());
+        }
         self.save_stats().await
     }
 
@@ -802,6 +817,15 @@ impl Pipeline {
             now.takeovers - last.takeovers,
         );
         *last = now;
+    }
+
+    /// Tells the observers' engine of an error met outside its runs (a recrawl's or a search
+    /// indexer's write): a full disk stops the engine as one met in a run does, and so ends
+    /// [`Pipeline::work`] with it.
+    pub fn note(&self, e: &PipelineError) {
+        if let PipelineError::OutOfSpace(se) = e {
+            self.engine.note(&perc_txn::TxnError::Store(se.clone()));
+        }
     }
 
     /// This process's worker id, as other processes see it in locks and leases.

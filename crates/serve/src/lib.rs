@@ -162,11 +162,7 @@ pub async fn run(
 ) -> Result<(), PipelineError> {
     let Start { data, token, seeds, prefixes } = start;
     let addr = listener.local_addr().map_err(io("cannot read the listening address"))?;
-    let address_file = match data {
-        Some(dir) => Some(write_address(dir, addr)?),
-        None => None,
-    };
-    ready(addr);
+    let listener = listener.into_std().map_err(io("cannot hand over the listener"))?;
     // Installed before the workers start, so that their runs are recorded.
     metrics::recorder();
     let app = Arc::new(app);
@@ -179,10 +175,37 @@ pub async fn run(
         }
         false => None,
     };
-    // The index is kept on threads of its own at a lower priority (`serve.indexing_nice`):
-    // otherwise a request that finds both cores parsing pages waits for a time slice of
-    // theirs (docs/benchmarks.md, "perc serve, session 13").
-    let indexing = runtime("perc-index", None, config.indexing_nice)?;
+    // The seeds are in the store before anything runs (one transaction: a full disk or a
+    // bad prefix fails here, before the address is published).
+    let seeded = match seeds.is_empty() {
+        true => None,
+        false => Some((app.extend_seeds(&seeds, &prefixes).await?.1, seeds)),
+    };
+    // The API runs on threads of its own: an observer run that parses a big page holds its
+    // worker thread for milliseconds, and a request queued behind it would wait as long;
+    // the kernel shares the cores between the two runtimes' threads instead. The index is
+    // kept on threads of its own at a lower priority (`serve.indexing_nice`): otherwise a
+    // request that finds both cores parsing pages waits for a time slice of theirs. (A
+    // runtime is shut down, not dropped, on the way out: this is an async context.)
+    let api = runtime("perc-api", Some(config.api_threads), 0)?;
+    let indexing = match runtime("perc-index", None, config.indexing_nice) {
+        Ok(rt) => rt,
+        Err(e) => {
+            api.shutdown_background();
+            return Err(e);
+        }
+    };
+    // Every step that may fail is behind: the address is published now, and removed at
+    // the end.
+    let address_file = match data.map(|dir| write_address(dir, addr)).transpose() {
+        Ok(file) => file,
+        Err(e) => {
+            api.shutdown_background();
+            indexing.shutdown_background();
+            return Err(e);
+        }
+    };
+    ready(addr);
     let indexer = match &search {
         Some(index) => {
             let (app, index, stop) = (app.clone(), index.clone(), stop.clone());
@@ -203,18 +226,13 @@ pub async fn run(
         stall: Duration::from_millis(config.stall_ms),
         background: indexing.handle().clone(),
     });
-    if !seeds.is_empty() {
-        state.add_seeds(seeds, &prefixes).await?;
+    if let Some((scope, seeds)) = seeded {
+        state.read_sitemaps(seeds, scope);
     }
     let router = router(state.clone(), config);
     let shutdown = stop.clone();
     let grace = Duration::from_millis(config.shutdown_ms);
     let stopping = stop.clone();
-    // The API runs on threads of its own: an observer run that parses a big page holds its
-    // worker thread for milliseconds, and a request queued behind it would wait as long;
-    // the kernel shares the cores between the two runtimes' threads instead.
-    let api = runtime("perc-api", Some(config.api_threads), 0)?;
-    let listener = listener.into_std().map_err(io("cannot hand over the listener"))?;
     let bounds = listen::Bounds {
         header_timeout: Duration::from_millis(config.header_timeout_ms),
         connections_max: config.connections_max,
@@ -241,8 +259,16 @@ pub async fn run(
         let (app, stop) = (app.clone(), stop.clone());
         indexing.spawn(async move { app.work(&stop).await })
     };
+    // The workers ending on an error (a full disk) stop the whole server with it: answering
+    // 500 to every request while nothing is indexed is no way to fail.
     let worked = async {
-        working.await.unwrap_or_else(|e| Err(PipelineError::Setup(format!("the workers: {e}"))))
+        let worked = working
+            .await
+            .unwrap_or_else(|e| Err(PipelineError::Setup(format!("the workers: {e}"))));
+        if worked.is_err() {
+            stop.cancel();
+        }
+        worked
     };
     let (worked, served, (), (), ()) =
         tokio::join!(worked, server, recrawl(&app, &stop), indexed, sample_rates(&state, &stop));
@@ -303,7 +329,10 @@ async fn recrawl(app: &Pipeline, stop: &CancellationToken) {
         match app.recrawl_due().await {
             Ok(0) => {}
             Ok(n) => tracing::debug!("recrawl: {n} URLs due"),
-            Err(e) => tracing::warn!(error = %e, "recrawl: cannot ask for the due URLs"),
+            Err(e) => {
+                app.note(&e);
+                tracing::warn!(error = %e, "recrawl: cannot ask for the due URLs");
+            }
         }
     }
 }
@@ -368,7 +397,12 @@ fn index_loop(
             Ok(None) => break,
             Ok(Some((0, 0))) => {}
             Ok(Some((built, applied))) => tracing::debug!(built, applied, "search: indexed"),
-            Err(e) => tracing::warn!(error = %e, "search: cannot bring the index up to date"),
+            Err(e) => {
+                if let SearchError::Pipeline(p) = &e {
+                    app.note(p);
+                }
+                tracing::warn!(error = %e, "search: cannot bring the index up to date");
+            }
         }
         rt.block_on(async {
             tokio::select! {
@@ -624,15 +658,23 @@ impl Served {
         prefixes: &[String],
     ) -> Result<Vec<Url>, PipelineError> {
         let (outside, scope) = self.app.extend_seeds(&seeds, prefixes).await?;
+        self.read_sitemaps(seeds, scope);
+        Ok(outside)
+    }
+
+    /// Reads the sitemaps of `seeds` in the background, adding their in-scope URLs.
+    fn read_sitemaps(&self, seeds: Vec<Url>, scope: perc_pipeline::CrawlScope) {
         let app = self.app.clone();
         self.background.spawn(async move {
             match app.add_sitemap_urls(&seeds, &scope).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("{n} URLs of the seeds' sitemaps added to the frontier"),
-                Err(e) => tracing::warn!(error = %e, "cannot read the seeds' sitemaps"),
+                Err(e) => {
+                    app.note(&e);
+                    tracing::warn!(error = %e, "cannot read the seeds' sitemaps");
+                }
             }
         });
-        Ok(outside)
     }
 }
 
