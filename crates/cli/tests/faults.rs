@@ -564,29 +564,15 @@ fn disk_full_stops_the_crawl_with_one_clear_error_and_resumes_when_space_is_back
         echo $? > "$OUT/again.rc"
         perc export --out "$OUT/export.jsonl" > /dev/null
     "#;
-    let is_root = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-    let mut unshare = Command::new("unshare");
-    if !is_root {
-        unshare.args(["--user", "--map-root-user"]);
-    }
-    unshare
-        .args(["--mount", "sh", "-c", script])
-        .env("MNT", &mnt)
-        .env("OUT", tmp.path())
-        .env("PERC", common::PERC)
-        .env("CONFIG", root().join("config/test.toml"))
-        .env("SEEDS", &s)
-        .env_remove("RUST_LOG");
-    let (ok, stderr) = finish_within(
-        &mut unshare,
-        &tmp.path().join("unshare"),
-        Duration::from_secs(120),
-        "the script",
-    );
-    assert!(ok, "the script (mounting a tmpfs in a mount namespace of its own) failed: {stderr}");
+    let config = root().join("config/test.toml");
+    let env = [
+        ("MNT", mnt.as_path()),
+        ("OUT", tmp.path()),
+        ("PERC", Path::new(common::PERC)),
+        ("CONFIG", config.as_path()),
+        ("SEEDS", s.as_path()),
+    ];
+    in_mount_namespace(tmp.path(), script, &env, Duration::from_secs(120));
     let read = |f: &str| std::fs::read_to_string(tmp.path().join(f)).unwrap();
     let full_rc: i32 = read("full.rc").trim().parse().unwrap();
     let full_err = read("full.err");
