@@ -1020,6 +1020,9 @@ async fn worker(config: config::Config, stop: &CancellationToken) -> Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
+/// The shortest `serve.token` accepted on an address beyond loopback.
+const TOKEN_CHARS_MIN: usize = 16;
+
 async fn serve(
     config: config::Config,
     seeds: Option<&Path>,
@@ -1032,10 +1035,15 @@ async fn serve(
     let addr: std::net::SocketAddr = listen.parse().map_err(|e| {
         anyhow!("listen address {listen:?}: {e} (give host:port, e.g. 127.0.0.1:8420)")
     })?;
-    if !addr.ip().is_loopback() && config.serve.token.is_empty() {
+    if !addr.ip().is_loopback() && config.serve.token.chars().count() < TOKEN_CHARS_MIN {
         bail!(
-            "refusing to listen on {addr}: not a loopback address, and serve.token is empty \
-             (set one: anyone who reaches the address could add seeds)"
+            "refusing to listen on {addr}: not a loopback address, and serve.token is {} (set \
+             one of {TOKEN_CHARS_MIN} characters or more: anyone who reaches the address could \
+             add seeds)",
+            match config.serve.token.is_empty() {
+                true => "empty",
+                false => "too short",
+            }
         );
     }
     let listener = tokio::net::TcpListener::bind(addr)

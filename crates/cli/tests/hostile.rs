@@ -69,6 +69,25 @@ fn hostile_queries_and_sockets_get_refusals_and_the_server_stays_up() {
     }
     assert_eq!(server.get("/v1/search?q=widget").0, 200, "the server is up");
 
+    // A parameter that is not UTF-8 is refused, not mended into another URL.
+    server.fails("/v1/canonical?url=http://h.test/%FF", 400, "query parameter url is not UTF-8");
+    // A page that rebinds its name to 127.0.0.1 cannot read the API: its Host is refused.
+    let mut rebound = connect(&server);
+    rebound.write_all(b"GET /v1/status HTTP/1.1\r\nHost: evil.example\r\n\r\n").unwrap();
+    let mut head = [0u8; 12];
+    rebound.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 421");
+    // The scheme of Authorization is case-insensitive.
+    let token = std::fs::read_to_string(tmp.path().join("data/serve.token")).unwrap();
+    let r = server
+        .client
+        .post(format!("{}/v1/refetch", server.base))
+        .header("Authorization", format!("bearer {}", token.trim()))
+        .body(r#"{"urls": []}"#)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400, "authorized, then the body is refused: {:?}", r.text());
+
     // Slow and idle sockets are closed after serve.header_timeout_ms, not kept for ever.
     let mut slow: Vec<TcpStream> = (0..20)
         .map(|_| {
@@ -89,6 +108,20 @@ fn hostile_queries_and_sockets_get_refusals_and_the_server_stays_up() {
     }
     assert_eq!(server.get("/v1/status").0, 200);
     assert_eq!(server.terminate(), Some(0));
+}
+
+/// A token a guess finds is no guard for a server beyond loopback.
+#[test]
+fn a_short_token_beyond_loopback_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = common::perc(
+        &tmp.path().join("data"),
+        &["--set", "serve.token=x", "serve", "--listen", "0.0.0.0:0"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("serve.token is too short") && !err.contains("=x"), "{err}");
+    assert!(!tmp.path().join("data").exists(), "nothing was created");
 }
 
 #[test]

@@ -178,6 +178,8 @@ pub struct Serve {
     /// The bearer token of the write endpoints; empty: the one in DATA/serve.token (made
     /// at the first start). Listening beyond loopback needs one set here.
     pub token: String,
+    /// `Host` names the API answers to besides its own loopback names (see perc-serve).
+    pub hosts: Vec<String>,
 }
 
 /// Which store backend: the embedded one, or Cloud Bigtable shared by many processes.
@@ -276,8 +278,18 @@ impl Config {
     }
 }
 
+/// A config file's text as TOML. An error names the line and column and says what is
+/// wrong, without quoting the line: it may hold a secret (`serve.token`).
 fn parse_toml(text: &str, origin: &str) -> Result<Value> {
-    text.parse::<Value>().map_err(|e| bad!("{origin}: not valid TOML: {e}"))
+    text.parse::<Value>().map_err(|e| {
+        let at = e.span().map_or(String::new(), |span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!(" at line {line}, column {column}")
+        });
+        bad!("{origin}: not valid TOML{at}: {}", e.message().trim())
+    })
 }
 
 /// Where each key's value came from, for error messages.
@@ -306,6 +318,10 @@ fn merge(
         }
         (b, o) => {
             if std::mem::discriminant(b) != std::mem::discriminant(&o) {
+                // The value is quoted, but for a secret's.
+                if path.ends_with("token") {
+                    bail!("{origin}: {path} must be a {}", b.type_str());
+                }
                 bail!("{origin}: {path} must be a {}, not {o}", b.type_str());
             }
             *b = o;
@@ -455,7 +471,10 @@ fn check_ranges(root: &Value, origins: &Origins) -> Result<()> {
 
 /// Parses a command-line or environment value as the type the key already has.
 fn typed(like: &Value, raw: &str, origin: &str, key: &str) -> Result<Value> {
-    let bad = || bad!("{origin}: {key} must be a {}, not {raw:?}", like.type_str());
+    let bad = || match key.ends_with("token") {
+        true => bad!("{origin}: {key} must be a {}", like.type_str()),
+        false => bad!("{origin}: {key} must be a {}, not {raw:?}", like.type_str()),
+    };
     if TABLES.contains(&key) {
         bail!("{origin}: {key} is a list of tables ([[{key}]]): set it in a config file");
     }
@@ -551,8 +570,11 @@ pub fn load(
         set_key(&mut root, key.trim(), value, &format!("--set {key}"), &mut origins)?;
     }
     check_ranges(&root, &origins)?;
-    let mut config: Config =
-        root.try_into().map_err(|e: toml::de::Error| bad!("configuration: {e}"))?;
+    // A value of the wrong type is quoted in serde's message: not the token's.
+    let mut config: Config = root.try_into().map_err(|e: toml::de::Error| match e.message() {
+        m if m.contains("token") => bad!("configuration: serve.token must be a string"),
+        _ => bad!("configuration: {e}"),
+    })?;
     config.recrawl.schedule()?;
     // However it was set (a file, PERC_STORE_DATA, --set, --data), `:memory:` names no
     // directory but the memory store.
@@ -644,6 +666,16 @@ mod tests {
         let e = load(None, &env, &[]).unwrap_err().to_string();
         assert_eq!(e, "environment variable PERC_WORKERS_IDLE_MS: workers.idle_ms = 0 is out of range: it must be at least 1");
         let dir = tempfile::tempdir().unwrap();
+        // A secret's value is never quoted back, whatever is wrong with it.
+        let load_str = |text: &str| {
+            let f = dir.path().join("secret.toml");
+            std::fs::write(&f, text).unwrap();
+            load(Some(&f), &[], &[]).unwrap_err().to_string()
+        };
+        let e = load_str("[serve]\ntoken = 12345\n");
+        assert!(!e.contains("12345") && e.contains("serve.token must be a string"), "{e}");
+        let e = load_str("[serve]\ntoken = secret-value\n");
+        assert!(!e.contains("secret-value") && e.contains("at line 2, column 9"), "{e}");
         let f = dir.path().join("c.toml");
         std::fs::write(&f, "[workers]\nconcurrency = 0\n").unwrap();
         let e = load(Some(&f), &[], &[]).unwrap_err().to_string();

@@ -324,7 +324,13 @@ impl SearchIndex {
                 .first_or_default_col(0);
             move |doc: DocId, score: Score| score * (1.0 + (1.0 + degree.get_val(doc) as f32).ln())
         });
-        let top = searcher.search(&query, &ranked).map_err(|e| self.fail(e))?;
+        let top = searcher.search(&query, &ranked).map_err(|e| match e {
+            tantivy::TantivyError::SchemaError(why)
+            | tantivy::TantivyError::InvalidArgument(why) => {
+                SearchError::Query(format!("the query cannot be answered: {why}"))
+            }
+            other => self.fail(other),
+        })?;
         let mut hits = Vec::with_capacity(top.len());
         for (score, address) in top {
             let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.fail(e))?;
@@ -456,6 +462,13 @@ mod tests {
         assert!(why.contains("1000 parentheses"), "{why}");
         let why = refused(&"widget ".repeat(200), BOUNDS);
         assert!(why.contains("1400 bytes") && why.contains("query_bytes_max"), "{why}");
+        // A query the index cannot answer (`*` on a field that is not a fast field) is the
+        // query's fault: refused as one, without the index's internals.
+        for q in ["url:*", "title:*"] {
+            let why = refused(q, BOUNDS);
+            assert!(why.starts_with("the query cannot be answered: "), "{q}: {why}");
+        }
+        assert!(index.search("in_degree:*", 10, BOUNDS).is_ok());
         // Hyphens and words that hold NOT are no nesting.
         assert!(BOUNDS.check(&"NOTE well-known ".repeat(50)).is_ok());
 

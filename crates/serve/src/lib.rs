@@ -67,6 +67,24 @@ struct Served {
     /// Where work that takes a while after an answer runs (the indexing runtime): the
     /// sitemaps of seeds just added.
     background: tokio::runtime::Handle,
+    /// The `Host` headers answered (see [`allowed_hosts`]); `None`: any.
+    hosts: Option<Vec<String>>,
+}
+
+/// The `Host` headers a server listening on `addr` answers. On loopback, only its own names
+/// (localhost, 127.0.0.1, [::1], with its port or without) and `serve.hosts`: a web page that
+/// rebinds its own domain name to 127.0.0.1 (DNS rebinding) gets 421, so a browser on this
+/// machine cannot be used to read the API. Beyond loopback, `serve.hosts` if given, else any
+/// (a token guards the writes there).
+fn allowed_hosts(addr: SocketAddr, configured: &[String]) -> Option<Vec<String>> {
+    let mut hosts: Vec<String> = configured.iter().map(|h| h.to_ascii_lowercase()).collect();
+    if addr.ip().is_loopback() {
+        for name in ["localhost", "127.0.0.1", "[::1]", &addr.ip().to_string()] {
+            hosts.push(name.to_string());
+            hosts.push(format!("{name}:{}", addr.port()));
+        }
+    }
+    (!hosts.is_empty()).then_some(hosts)
 }
 
 /// What `perc serve` starts with besides its configuration.
@@ -225,6 +243,7 @@ pub async fn run(
         exports: Arc::new(tokio::sync::Semaphore::new(config.exports_max.max(1))),
         stall: Duration::from_millis(config.stall_ms),
         background: indexing.handle().clone(),
+        hosts: allowed_hosts(addr, &config.hosts),
     });
     if let Some((scope, seeds)) = seeded {
         state.read_sitemaps(seeds, scope);
@@ -452,6 +471,7 @@ fn router(state: Arc<Served>, config: &ServeConfig) -> Router {
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(body_max))
         .layer(axum::middleware::from_fn(move |request, next| timed(limit, request, next)))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), host_checked))
         .with_state(state)
 }
 
@@ -474,6 +494,30 @@ async fn timed(
     };
     metrics::request(&path, response.status().as_u16(), started.elapsed().as_secs_f64());
     response
+}
+
+/// Answers 421 to a request whose `Host` header is not one this server answers to (see
+/// [`allowed_hosts`]).
+async fn host_checked(
+    State(s): State<Arc<Served>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(hosts) = &s.hosts {
+        let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok());
+        let host = host.map(str::to_ascii_lowercase).unwrap_or_default();
+        if !hosts.contains(&host) {
+            return ApiError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "Host {host:?} is not this server's (it answers to {}; serve.hosts adds names)",
+                    hosts.join(", ")
+                ),
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// An answer that is not the one asked for: its status and what went wrong.
@@ -575,10 +619,13 @@ impl Served {
                 "this server has no token (serve.token), so it takes no writes",
             ));
         };
+        // The scheme's name is case-insensitive (RFC 9110 §11.1): "bearer" is "Bearer".
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| v.trim().split_once(char::is_whitespace))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token)
             .ok_or_else(|| {
                 ApiError::new(
                     StatusCode::UNAUTHORIZED,
@@ -722,7 +769,8 @@ fn param(query: Option<&str>, name: &str, max: usize) -> Result<String, ApiError
     })
 }
 
-/// The parameter `name` if it is there: 414 over the cap, 400 repeated or not UTF-8.
+/// The parameter `name` if it is there: 414 over the cap, 400 repeated or not UTF-8 (a
+/// parameter is never decoded lossily: a URL with its bytes replaced is another URL).
 fn optional_param(query: Option<&str>, name: &str, max: usize) -> Result<Option<String>, ApiError> {
     let query = query.unwrap_or("");
     if query.len() > max {
@@ -731,7 +779,14 @@ fn optional_param(query: Option<&str>, name: &str, max: usize) -> Result<Option<
             format!("the query string has {} bytes; the most accepted is {max}", query.len()),
         ));
     }
-    let mut found = url::form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == name);
+    // The form grammar: '+' is a space, then %XX escapes.
+    let decode = |raw: &str| -> Vec<u8> {
+        percent_encoding::percent_decode(raw.replace('+', " ").as_bytes()).collect()
+    };
+    let mut found = query
+        .split('&')
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+        .filter(|(k, _)| decode(k) == name.as_bytes());
     let Some((_, value)) = found.next() else { return Ok(None) };
     if found.next().is_some() {
         return Err(ApiError::new(
@@ -739,7 +794,9 @@ fn optional_param(query: Option<&str>, name: &str, max: usize) -> Result<Option<
             format!("query parameter {name} given more than once"),
         ));
     }
-    Ok(Some(value.into_owned()))
+    String::from_utf8(decode(value)).map(Some).map_err(|_| {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("query parameter {name} is not UTF-8"))
+    })
 }
 
 /// The `url` parameter, normalized as the index keys it.
@@ -1044,6 +1101,7 @@ mod tests {
             exports: Arc::new(tokio::sync::Semaphore::new(exports_max)),
             stall: Duration::from_millis(stall_ms),
             background: tokio::runtime::Handle::current(),
+            hosts: None,
         })
     }
 
