@@ -781,7 +781,13 @@ async fn replay_expect(
     check: &Check<'_>,
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
-    let golden = check.golden;
+    // A golden that is a symbolic link is read and written through it: --update rewrites
+    // the file it points to, and the link stays.
+    let resolved = std::fs::canonicalize(check.golden).ok();
+    let golden = resolved.as_deref().unwrap_or(check.golden);
+    if golden.is_dir() {
+        bail!("{} is a directory: --expect names a golden export file", check.golden.display());
+    }
     if !check.update && !golden.is_file() {
         bail!("{} does not exist: --update writes it from this replay", golden.display());
     }
@@ -795,7 +801,7 @@ async fn replay_expect(
     if unreadable {
         say!("{} record(s) could not be read (see the warnings above)", r.issues.len());
     }
-    let name = golden.display().to_string();
+    let name = check.golden.display().to_string();
     let names = diff::Names { old: &name, new: "this replay" };
     let was = golden.is_file().then(|| compare(golden, &got)).transpose()?;
     if check.update {

@@ -174,6 +174,33 @@ fn update_rewrites_the_golden_then_it_is_green() {
     assert!(!new.exists());
 }
 
+/// A golden named wrongly gets the right message; one with a byte order mark (saved by an
+/// editor) is still the export; one that is a symbolic link is updated through the link.
+#[test]
+fn goldens_that_are_a_directory_a_bom_or_a_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let warc = fixture_warc();
+    let w = warc.to_str().unwrap();
+    let out = perc_in(tmp.path(), &["replay", w, "--expect", tmp.path().to_str().unwrap()]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("is a directory: --expect names a golden export file"));
+
+    let bom = tmp.path().join("bom.jsonl");
+    let golden = std::fs::read(fixture_golden()).unwrap();
+    std::fs::write(&bom, [&b"\xEF\xBB\xBF"[..], &golden].concat()).unwrap();
+    let out = perc_in(tmp.path(), &["replay", w, "--expect", bom.to_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+
+    let real = tmp.path().join("real.jsonl");
+    std::fs::write(&real, "").unwrap();
+    let link = tmp.path().join("link.jsonl");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let out = perc_in(tmp.path(), &["replay", w, "--expect", link.to_str().unwrap(), "--update"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "still a link");
+    assert_eq!(std::fs::read(&real).unwrap(), golden, "the file it points to was updated");
+}
+
 #[test]
 fn a_directory_of_warcs_replays_with_expect() {
     let tmp = tempfile::tempdir().unwrap();

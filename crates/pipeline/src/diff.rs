@@ -90,18 +90,73 @@ pub struct Side<I> {
     pub lines: I,
 }
 
-impl Side<std::io::Lines<Box<dyn BufRead>>> {
-    /// A file, or standard input for `-`.
+/// The longest line an export file may have. A page's line holds its cluster's inlinks, so
+/// it can be long; a line past this is not an export's, and reading it whole could take
+/// any amount of memory.
+pub const LINE_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
+impl Side<BoundedLines> {
+    /// A file, or standard input for `-`. A directory is refused by name; a UTF-8 byte
+    /// order mark at its start is read past (editors on some systems write one).
     pub fn file(path: &std::path::Path) -> Result<Self, DiffError> {
         let name = path.display().to_string();
         let reader: Box<dyn BufRead> = if name == "-" {
             Box::new(std::io::BufReader::new(std::io::stdin()))
         } else {
+            if path.is_dir() {
+                let source = std::io::Error::other("it is a directory, not an export file");
+                return Err(DiffError::Io { file: name, source });
+            }
             let f = std::fs::File::open(path)
                 .map_err(|source| DiffError::Io { file: name.clone(), source })?;
             Box::new(std::io::BufReader::new(f))
         };
-        Ok(Side { name, lines: reader.lines() })
+        Ok(Side { name, lines: BoundedLines::new(reader, LINE_BYTES_MAX) })
+    }
+}
+
+/// The lines of a reader, each at most `max` bytes (a longer one is an error, read no
+/// further), a leading byte order mark left out.
+pub struct BoundedLines {
+    reader: Box<dyn BufRead>,
+    max: u64,
+    first: bool,
+}
+
+impl BoundedLines {
+    pub fn new(reader: Box<dyn BufRead>, max: u64) -> BoundedLines {
+        BoundedLines { reader, max, first: true }
+    }
+}
+
+impl Iterator for BoundedLines {
+    type Item = std::io::Result<String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        use std::io::Read as _;
+        let mut buf = Vec::new();
+        let read = self.reader.by_ref().take(self.max + 1).read_until(b'\n', &mut buf);
+        match read {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) => return Some(Err(e)),
+        }
+        if buf.len() as u64 > self.max {
+            let e = format!("a line longer than {} bytes: not an export", self.max);
+            return Some(Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)));
+        }
+        if std::mem::take(&mut self.first) && buf.starts_with(b"\xEF\xBB\xBF") {
+            buf.drain(..3);
+        }
+        if buf.last() == Some(&b'\n') {
+            buf.pop();
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+        }
+        Some(String::from_utf8(buf).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "a line that is not UTF-8")
+        }))
     }
 }
 
@@ -442,5 +497,22 @@ mod tests {
             let e = diff(side("g", &text), side("h", A)).unwrap_err().to_string();
             assert!(e.starts_with("g line 2: ") && e.contains(says), "{e}");
         }
+    }
+
+    #[test]
+    fn lines_are_bounded_and_a_byte_order_mark_is_read_past() {
+        let lines = |text: &'static [u8], max| -> Vec<std::io::Result<String>> {
+            BoundedLines::new(Box::new(text), max).collect()
+        };
+        let ok: Vec<String> = lines(b"\xEF\xBB\xBFone\r\ntwo\n\nthree", 100)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(ok, ["one", "two", "", "three"]);
+        let long = lines(b"short\n0123456789abcdef\nnever read\n", 10);
+        assert_eq!(long[0].as_ref().unwrap(), "short");
+        let e = long[1].as_ref().unwrap_err();
+        assert!(e.to_string().contains("longer than 10 bytes"), "{e}");
+        assert!(lines(b"\xFF\n", 10)[0].is_err(), "not UTF-8");
     }
 }
