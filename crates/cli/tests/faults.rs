@@ -452,6 +452,33 @@ fn a_page_nested_past_the_limit_is_recorded_not_parsed() {
     assert_eq!(found.status.code(), Some(0), "{}", stderr_of(&found));
 }
 
+/// A robots.txt larger than a page may be is read up to 500 KiB and obeyed (RFC 9309), not
+/// taken for an unreachable one (which would give the whole host up).
+#[test]
+fn a_huge_robots_txt_is_read_up_to_500_kib() {
+    let tmp = tempfile::tempdir().unwrap();
+    let web = tmp.path().join("web");
+    std::fs::create_dir_all(web.join("private")).unwrap();
+    let padding = "# a comment to make the file large\n".repeat(60_000); // ~2 MiB
+    std::fs::write(
+        web.join("robots.txt"),
+        format!("User-agent: *\nDisallow: /private/\n{padding}"),
+    )
+    .unwrap();
+    std::fs::write(web.join("index.html"), "<a href='a.html'>a</a><a href='private/x.html'>x</a>")
+        .unwrap();
+    std::fs::write(web.join("a.html"), "<title>a</title>").unwrap();
+    std::fs::write(web.join("private/x.html"), "<title>x</title>").unwrap();
+    let site = Site::start(&web);
+    let s = seeds(tmp.path(), &[site.base()]);
+    let data = tmp.path().join("store");
+    common::ok(&common::perc(&data, &["crawl", "--seeds", s.to_str().unwrap()]));
+    let page = common::ok(&common::perc(&data, &["page", &site.url("private/x.html")]));
+    assert!(page.contains("disallowed by robots.txt"), "{page}");
+    let got = export(&data, &tmp.path().join("out.jsonl"));
+    assert_eq!(got.lines().count(), 2, "the home page and a.html: {got}");
+}
+
 #[test]
 fn scope_prefixes_are_urls_matched_at_segment_boundaries() {
     let tmp = tempfile::tempdir().unwrap();

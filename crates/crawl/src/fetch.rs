@@ -110,6 +110,15 @@ pub trait Fetcher: Send + Sync + 'static {
     async fn fetch(&self, url: &Url) -> Result<Response, FetchError> {
         self.fetch_if(url, &Validators::default()).await
     }
+
+    /// The first `bytes_max` bytes of `url`'s body, the rest left unread: for a file read only
+    /// as far as its standard says (robots.txt: at least 500 KiB, RFC 9309 §2.5), however
+    /// large it is. A fetcher that cannot stop reading fetches it whole and cuts it.
+    async fn fetch_prefix(&self, url: &Url, bytes_max: u64) -> Result<Response, FetchError> {
+        let mut r = self.fetch(url).await?;
+        r.body.truncate(usize::try_from(bytes_max).unwrap_or(usize::MAX));
+        Ok(r)
+    }
 }
 
 /// What a refetch sends to be answered 304 if nothing changed: the `ETag` and the
@@ -206,6 +215,23 @@ fn local_failure(e: &reqwest::Error) -> bool {
 #[async_trait]
 impl Fetcher for HttpFetcher {
     async fn fetch_if(&self, url: &Url, v: &Validators) -> Result<Response, FetchError> {
+        self.get(url, v, None).await
+    }
+
+    async fn fetch_prefix(&self, url: &Url, bytes_max: u64) -> Result<Response, FetchError> {
+        self.get(url, &Validators::default(), Some(bytes_max)).await
+    }
+}
+
+impl HttpFetcher {
+    /// One GET; its body up to `body_bytes_max` (more is an error), or, with `cut`, up to
+    /// that many bytes (the rest left unread).
+    async fn get(
+        &self,
+        url: &Url,
+        v: &Validators,
+        cut: Option<u64>,
+    ) -> Result<Response, FetchError> {
         let mut request = self.client.get(url.clone());
         if let Some(etag) = &v.etag {
             request = request.header(reqwest::header::IF_NONE_MATCH, etag);
@@ -232,6 +258,14 @@ impl Fetcher for HttpFetcher {
         };
         let mut body = BytesMut::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| classify(url, e, &self.limits))? {
+            if let Some(cut) = cut {
+                let room = usize::try_from(cut).unwrap_or(usize::MAX).saturating_sub(body.len());
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if chunk.len() >= room {
+                    break;
+                }
+                continue;
+            }
             if (body.len() + chunk.len()) as u64 > self.limits.body_bytes_max {
                 return Err(FetchError::TooLarge { max_bytes: self.limits.body_bytes_max });
             }
@@ -401,6 +435,21 @@ impl<F: Fetcher> Polite<F> {
 #[async_trait]
 impl<F: Fetcher> Fetcher for Polite<F> {
     async fn fetch_if(&self, url: &Url, v: &Validators) -> Result<Response, FetchError> {
+        self.politely(url, self.inner.fetch_if(url, v)).await
+    }
+
+    async fn fetch_prefix(&self, url: &Url, bytes_max: u64) -> Result<Response, FetchError> {
+        self.politely(url, self.inner.fetch_prefix(url, bytes_max)).await
+    }
+}
+
+impl<F: Fetcher> Polite<F> {
+    /// Makes `request` to `url`'s host when politeness lets it, and notes what it got.
+    async fn politely(
+        &self,
+        url: &Url,
+        request: impl std::future::Future<Output = Result<Response, FetchError>>,
+    ) -> Result<Response, FetchError> {
         let host = self.host(url);
         let _host_permit = host.permits.acquire().await.expect("semaphore never closed");
         let slot = host.slot.lock().await;
@@ -418,7 +467,7 @@ impl<F: Fetcher> Fetcher for Polite<F> {
         };
         let result = {
             let _permit = self.global.acquire().await.expect("semaphore never closed");
-            self.inner.fetch_if(url, v).await
+            request.await
         };
         // This machine's failures are not the host's: they are not counted as its requests.
         if !matches!(result, Err(FetchError::Local { .. })) {

@@ -58,6 +58,10 @@ impl moka::Expiry<String, Rules> for Keep {
 /// The most redirects followed to reach a robots.txt (RFC 9309 §2.3.1.2).
 const REDIRECTS_MAX: usize = 5;
 
+/// How much of a robots.txt is read and parsed: RFC 9309 §2.5 asks for at least 500 KiB,
+/// and a larger file is read up to there, not given up.
+pub const ROBOTS_BYTES_MAX: u64 = 500 * 1024;
+
 /// The most origins whose rules are kept.
 const ORIGINS_MAX: u64 = 100_000;
 
@@ -174,7 +178,11 @@ impl RobotsCache {
     async fn fetch(&self, robots_url: &Url) -> Result<Rules, String> {
         let mut at = robots_url.clone();
         for _ in 0..=REDIRECTS_MAX {
-            let r = self.fetcher.fetch(&at).await.map_err(|e| format!("robots.txt: {e}"))?;
+            let r = self
+                .fetcher
+                .fetch_prefix(&at, ROBOTS_BYTES_MAX)
+                .await
+                .map_err(|e| format!("robots.txt: {e}"))?;
             match r.status {
                 200..=299 => {
                     // Unparseable rules are treated like none, as crawlers commonly do.

@@ -68,6 +68,10 @@ impl<F: Fetcher + ?Sized> Fetcher for Arc<F> {
     async fn fetch_if(&self, url: &Url, v: &Validators) -> Result<Response, FetchError> {
         (**self).fetch_if(url, v).await
     }
+
+    async fn fetch_prefix(&self, url: &Url, bytes_max: u64) -> Result<Response, FetchError> {
+        (**self).fetch_prefix(url, bytes_max).await
+    }
 }
 
 /// The live web: robots.txt first, then a polite fetch.
@@ -185,10 +189,22 @@ impl<F: Fetcher> Recording<F> {
 impl<F: Fetcher> Fetcher for Recording<F> {
     async fn fetch_if(&self, url: &Url, v: &Validators) -> Result<Response, FetchError> {
         let r = self.inner.fetch_if(url, v).await?;
+        self.record(url, &r);
+        Ok(r)
+    }
+
+    async fn fetch_prefix(&self, url: &Url, bytes_max: u64) -> Result<Response, FetchError> {
+        let r = self.inner.fetch_prefix(url, bytes_max).await?;
+        self.record(url, &r);
+        Ok(r)
+    }
+}
+
+impl<F> Recording<F> {
+    fn record(&self, url: &Url, r: &Response) {
         let mut rec = self.recorder.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = rec.record(url, &self.user_agent, &r) {
+        if let Err(e) = rec.record(url, &self.user_agent, r) {
             tracing::error!(file = %rec.path().display(), error = %e, "cannot write the WARC");
         }
-        Ok(r)
     }
 }
