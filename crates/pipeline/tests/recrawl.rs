@@ -7,6 +7,9 @@
 //!   fetched before is recorded with the reason meanwhile, and becomes a page once it answers.
 //! - Back-pressure: the scheduler asks for no more due URLs while `recrawl.pending_max`
 //!   notifications wait, and for no more than would reach it.
+//! - A URL once found stays known (SPEC §6.5): a page that loses every inlink stays a page
+//!   while it answers, is recrawled like any other, and leaves the export when it answers
+//!   404.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -215,5 +218,37 @@ fn the_recrawl_asks_for_nothing_while_the_index_is_behind() {
         assert_eq!(app.recrawl_due().await.unwrap(), 2, "the last two due");
         app.engine.run_until_quiet().await.unwrap();
         assert_eq!(app.recrawl_due().await.unwrap(), 0, "none due until the next interval");
+    });
+}
+
+#[test]
+fn an_orphan_stays_a_page_while_it_answers_and_leaves_when_it_is_gone() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let site = Site::default();
+        site.set(A, &page("A", &[B]));
+        site.set(B, &page("B", &[]));
+        let mut config = Config::defaults();
+        config.store.backend = Backend::Memory;
+        let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
+        crawl(&app, A).await;
+        assert_eq!(export(&app).await.len(), 2);
+        // A no longer links to B: B keeps its line, with no inlink.
+        site.set(A, &page("A", &[]));
+        refetch_all(&app).await;
+        let lines = export(&app).await;
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        let b: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+        assert_eq!((b["url"].as_str(), b["in_degree"].as_u64()), (Some(B), Some(0)), "{b}");
+        // It is still recrawled: a change of it is indexed.
+        site.set(B, &page("B, changed", &[]));
+        refetch_all(&app).await;
+        assert!(export(&app).await[1].contains("B, changed"));
+        // Gone (404): it leaves the export, and stays known as what it answered.
+        site.pages.lock().unwrap().remove(B);
+        refetch_all(&app).await;
+        assert_eq!(export(&app).await.len(), 1);
+        let text = app.page_json(&Url::parse(B).unwrap()).await.unwrap().unwrap();
+        assert!(text.contains("HTTP 404"), "{text}");
     });
 }
