@@ -12,6 +12,7 @@ mod notify;
 mod pipeline;
 mod scaling;
 mod serve;
+mod soak;
 mod table;
 
 /// The binaries' allocator, as `perc` has it (jemalloc, one arena: `.cargo/config.toml`).
@@ -69,6 +70,14 @@ enum Suite {
     /// perc serve (issue #11): API latency with 64 clients during a crawl, the crawl's rate
     /// with and without them, freshness with a 1 s minimum revisit interval.
     Serve,
+    /// perc serve over hours: RSS and disk in the steady state, the oldest pending
+    /// notification under a recrawl the machine cannot keep up with, the export at the end
+    /// against a fresh crawl.
+    Soak {
+        /// How long (the record is of 120 minutes).
+        #[arg(long, default_value_t = 120.0)]
+        minutes: f64,
+    },
     /// Every suite.
     All,
 }
@@ -87,6 +96,7 @@ fn main() -> anyhow::Result<()> {
         Suite::SledLayout => layout::run(args.scale),
         Suite::StdDocsWarc { out } => datapath::std_docs_warc(&out),
         Suite::Serve => serve::run(args.scale),
+        Suite::Soak { minutes } => soak::run(minutes),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
@@ -95,7 +105,8 @@ fn main() -> anyhow::Result<()> {
             datapath::run(args.scale, &[])?;
             layout::run(args.scale)?;
             serve::run(args.scale)?;
-            scaling::run(args.scale)
+            scaling::run(args.scale)?;
+            soak::run(120.0 * args.scale)
         }
     }
 }

@@ -173,7 +173,7 @@ async fn status_polling(perc: &Path, tmp: &Path, pages: u64) -> Result<Polled> {
 }
 
 /// The perc binary beside this one (`make bench` builds both).
-fn perc_binary() -> Result<PathBuf> {
+pub(crate) fn perc_binary() -> Result<PathBuf> {
     let me = std::env::current_exe()?;
     let perc = me.with_file_name("perc");
     if !perc.exists() {
@@ -183,13 +183,23 @@ fn perc_binary() -> Result<PathBuf> {
 }
 
 /// A `perc serve` child, stopped with SIGTERM when dropped.
-struct Served {
+pub(crate) struct Served {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Served {
-    fn start(perc: &Path, data: &Path, sets: &[&str], seeds: Option<&Path>) -> Result<Served> {
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(crate) fn start(
+        perc: &Path,
+        data: &Path,
+        sets: &[&str],
+        seeds: Option<&Path>,
+    ) -> Result<Served> {
         let mut c = Command::new(perc);
         c.arg("--data").arg(data);
         for s in sets {
@@ -218,7 +228,7 @@ impl Drop for Served {
     }
 }
 
-async fn status(http: &reqwest::Client, base: &str) -> Result<serde_json::Value> {
+pub(crate) async fn status(http: &reqwest::Client, base: &str) -> Result<serde_json::Value> {
     Ok(http.get(format!("{base}/v1/status")).send().await?.error_for_status()?.json().await?)
 }
 

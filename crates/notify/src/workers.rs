@@ -49,6 +49,10 @@ const UPSTREAM_WINDOWS: u64 = 16;
 
 const SAMPLE_ROWS: usize = 256;
 
+/// The most runs that wait on the network may wait for a permit at once (each a small task);
+/// the notifications past it wait in the store for a later round.
+const IO_WAITING_MAX: u64 = 16_384;
+
 /// The table of notifications being gathered keeps room for this many whatever it holds
 /// (see [`forget_seen`]).
 const SEEN_KEPT: usize = 256;
@@ -65,8 +69,10 @@ struct Shared {
     stop: CancellationToken,
     wake: tokio::sync::Notify,
     permits: Arc<Semaphore>,
-    /// The permits of runs that wait on the network ([`crate::Observer::waits_on_io`]).
+    /// The permits of runs that wait on the network ([`crate::Observer::waits_on_io`]), and
+    /// how many such runs wait for one.
     io_permits: Arc<Semaphore>,
+    io_waiting: AtomicU64,
     /// Each scanner's current position.
     positions: Mutex<Vec<Bytes>>,
     /// Rows where notifications were seen lately: the pool of random starts.
@@ -150,6 +156,7 @@ impl Workers {
         let shared = Arc::new(Shared {
             permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
             io_permits: Arc::new(Semaphore::new(config.io_concurrency.max(1))),
+            io_waiting: AtomicU64::new(0),
             positions: Mutex::new(vec![Bytes::new(); config.scanners]),
             sample: Mutex::new(Vec::new()),
             first_seen: Mutex::new(HashMap::new()),
@@ -346,35 +353,55 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                 }
                 seen.remove(&key);
             }
-            // A run that waits on the network takes a permit of its own pool, and only one
-            // that is free: this scanner goes on to the notifications behind it rather than
-            // wait for a slow host (the notification stays, for the next round).
+            // A run that waits on the network takes a permit of its own pool, in a task of
+            // its own that waits its turn: this scanner goes on to the notifications behind
+            // it rather than wait for a slow host. The pool's semaphore is first come, first
+            // served, so the waiting runs go in the order the scanners found them: under a
+            // backlog no fetch waits longer than the ones found before it (a scanner that
+            // took whatever permit was free as it passed served the rows it reaches first
+            // after each pause, and the last rows waited for ever).
             let io = reg.is_some_and(|r| r.observer.waits_on_io());
-            let io_permit = match io {
-                true => match shared.io_permits.clone().try_acquire_owned() {
-                    Ok(p) => Some(p),
-                    Err(_) => continue,
-                },
-                false => None,
-            };
+            if io && shared.io_waiting.load(Ordering::SeqCst) >= IO_WAITING_MAX {
+                continue;
+            }
             if !shared.start_running(&key, p.ts) {
                 continue;
             }
             last_dispatched += 1;
-            let permit = match io_permit {
-                Some(p) => p,
-                None => match shared.permits.clone().acquire_owned().await {
-                    Ok(p) => p,
+            let permit = match io {
+                true => {
+                    shared.io_waiting.fetch_add(1, Ordering::SeqCst);
+                    None
+                }
+                false => match shared.permits.clone().acquire_owned().await {
+                    Ok(p) => Some(p),
                     Err(_) => {
                         shared.end_running(&key);
                         return;
                     }
                 },
             };
-            engine.begin_tracked();
             let shared = shared.clone();
             shared.handle.clone().spawn(async move {
                 let engine = &shared.engine;
+                let permit = match permit {
+                    Some(p) => p,
+                    None => {
+                        let turn = tokio::select! {
+                            p = shared.io_permits.clone().acquire_owned() => p.ok(),
+                            () = shared.stop.cancelled() => None,
+                        };
+                        shared.io_waiting.fetch_sub(1, Ordering::SeqCst);
+                        match turn {
+                            Some(p) => p,
+                            None => {
+                                shared.end_running(&key);
+                                return;
+                            }
+                        }
+                    }
+                };
+                engine.begin_tracked();
                 // A stop abandons a run that waits on the network (a host that takes its
                 // time): its notification stays, and is run again after a restart.
                 let run = engine.process_tracked(&p);

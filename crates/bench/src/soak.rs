@@ -1,0 +1,260 @@
+//! `perc serve` over hours: a steady state, every stage keeping up under more recrawl than
+//! the machine indexes, and an index that still equals a fresh crawl at the end.
+//!
+//! A synthetic site of 3,000 pages served on loopback; `perc serve` (the release binary, a
+//! process of its own) crawls it with every URL due every 2-10 s (`recrawl.interval_s = 2`,
+//! `max_interval_s = 10`: a demand of 300-1,500 fetches a second, far more than this machine
+//! indexes), while 3% of the pages change every 30 s and a client asks the API (status,
+//! canonical, search) every second. Every minute: the server's RSS, the store's bytes on
+//! disk, the fetch rate, the oldest pending notification of any observer, and the API's
+//! answers that were not 200. At the end the site stops changing, the server is stopped,
+//! `perc refetch --all` runs on the store, and its export is compared with a fresh crawl
+//! seeded with every URL of the site.
+//!
+//! What it reports: growth of RSS and disk over the last half of the run (the steady
+//! state), the largest pending age seen (the back-pressure's bound), the fetch rate against
+//! the demand, the non-200 answers, and whether the exports are equal. The per-minute
+//! samples are printed as a table, for a plot.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::serve::{perc_binary, status, Served};
+use crate::table::Table;
+
+/// The site's pages.
+const PAGES: usize = 3_000;
+/// A change of 3% of the pages this often.
+const CHANGE_EVERY: Duration = Duration::from_secs(30);
+const CHANGED: usize = PAGES * 3 / 100;
+/// A sample this often.
+const SAMPLE_EVERY: Duration = Duration::from_secs(60);
+
+struct Sample {
+    minute: f64,
+    rss_mib: f64,
+    disk_mib: f64,
+    pages: u64,
+    fetches_per_s: f64,
+    oldest_s: f64,
+    pending: u64,
+    lag_s: f64,
+    not_ok: u64,
+}
+
+pub fn run(minutes: f64) -> Result<()> {
+    let perc = perc_binary()?;
+    let tmp = tempfile::tempdir()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let site_dir = tmp.path().join("site");
+    let web = perc_synth::Web::new(perc_synth::Spec::new(PAGES, 11));
+    perc_synth::write::site(&web, &site_dir)?;
+    let site = rt.block_on(perc_cli::site::serve(&site_dir))?;
+    let base = site.base();
+    let urls: Vec<String> = (0..PAGES)
+        .map(|i| base.join(&perc_synth::Web::path(i)).map(String::from))
+        .collect::<Result<_, _>>()?;
+    let seeds = tmp.path().join("seeds.txt");
+    std::fs::write(&seeds, format!("{}\n", urls[0]))?;
+    let data = tmp.path().join("soak");
+    let sets = [
+        "crawl.sitemaps=false",
+        "recrawl.interval_s=2",
+        "recrawl.min_interval_s=2",
+        "recrawl.max_interval_s=10",
+        "recrawl.tick_ms=200",
+    ];
+    let server = Served::start(&perc, &data, &sets, Some(&seeds))?;
+    let samples = rt.block_on(soak(&server, &web, &site_dir, &data, &urls, minutes))?;
+    drop(server);
+
+    // The end: the site holds still; every URL is fetched again; the index must equal a
+    // fresh crawl of the final site.
+    let all_seeds = tmp.path().join("all.txt");
+    std::fs::write(&all_seeds, urls.join("\n") + "\n")?;
+    let ok = |c: &mut Command| -> Result<()> {
+        let out = c.stdout(Stdio::null()).output()?;
+        if !out.status.success() {
+            bail!("{c:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    ok(Command::new(&perc).arg("--data").arg(&data).args(["refetch", "--all"]))?;
+    let fresh = tmp.path().join("fresh");
+    ok(Command::new(&perc)
+        .arg("--data")
+        .arg(&fresh)
+        .args(["--set", "crawl.sitemaps=false", "crawl", "--seeds"])
+        .arg(&all_seeds))?;
+    let (a, b) = (tmp.path().join("soaked.jsonl"), tmp.path().join("fresh.jsonl"));
+    ok(Command::new(&perc).arg("--data").arg(&data).arg("export").arg("--out").arg(&a))?;
+    ok(Command::new(&perc).arg("--data").arg(&fresh).arg("export").arg("--out").arg(&b))?;
+    let diff = Command::new(&perc).arg("diff").arg(&a).arg(&b).output()?;
+    let equal = diff.status.code() == Some(0);
+    drop(site);
+
+    let mut t = Table::new();
+    t.add(
+        "minute",
+        "RSS MiB / disk MiB / pages",
+        "fetches/s, oldest pending s, pending, recrawl lag s, non-200",
+    );
+    for s in &samples {
+        t.add(
+            format!("{:.0}", s.minute),
+            format!("{:.0} / {:.0} / {}", s.rss_mib, s.disk_mib, s.pages),
+            format!(
+                "{:.0}, {:.1}, {}, {:.0}, {}",
+                s.fetches_per_s, s.oldest_s, s.pending, s.lag_s, s.not_ok
+            ),
+        );
+    }
+    t.print(&format!("perc serve soak: {PAGES} pages due every 2-10 s, {CHANGED} changing every 30 s, for {minutes} minutes (samples)"));
+
+    let mut t = Table::new();
+    let last_half: Vec<&Sample> = samples.iter().filter(|s| s.minute >= minutes / 2.0).collect();
+    let growth = |f: fn(&Sample) -> f64| -> String {
+        match (last_half.first(), last_half.last()) {
+            (Some(a), Some(b)) if f(a) > 0.0 => format!("{:+.1}%", 100.0 * (f(b) / f(a) - 1.0)),
+            _ => "n/a".into(),
+        }
+    };
+    t.add(
+        "RSS growth, last half",
+        growth(|s| s.rss_mib),
+        "goal < 5% over the last hour of a 2-hour run",
+    );
+    t.add("disk growth, last half", growth(|s| s.disk_mib), "goal < 5%");
+    let oldest = samples.iter().map(|s| s.oldest_s).fold(0.0, f64::max);
+    t.add(
+        "oldest pending notification, largest seen",
+        format!("{oldest:.1} s"),
+        "goal < 60 s (recrawl.pending_max holds the recrawl)",
+    );
+    let rate: Vec<f64> = samples.iter().skip(1).map(|s| s.fetches_per_s).collect();
+    let mean_rate = rate.iter().sum::<f64>() / rate.len().max(1) as f64;
+    t.add(
+        "fetch rate, mean after the first minute",
+        format!("{mean_rate:.0}/s"),
+        format!("demand {}-{} fetches/s (every URL due every 2-10 s)", PAGES / 10, PAGES / 2),
+    );
+    let not_ok: u64 = samples.iter().map(|s| s.not_ok).sum();
+    t.add(
+        "API answers other than 200",
+        not_ok.to_string(),
+        "goal 0 (status, canonical, search every second)",
+    );
+    t.add(
+        "export after refetch --all = a fresh crawl of every URL",
+        if equal { "equal" } else { "DIFFERENT" },
+        String::from_utf8_lossy(&diff.stdout).lines().take(5).collect::<Vec<_>>().join("; "),
+    );
+    t.print("perc serve soak: steady state and back-pressure");
+    Ok(())
+}
+
+/// Changes the site every [`CHANGE_EVERY`], asks the API every second and samples every
+/// [`SAMPLE_EVERY`], for `minutes`.
+async fn soak(
+    server: &Served,
+    web: &perc_synth::Web,
+    site: &Path,
+    data: &Path,
+    urls: &[String],
+    minutes: f64,
+) -> Result<Vec<Sample>> {
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    let end = started + Duration::from_secs_f64(minutes * 60.0);
+    let (mut next_change, mut next_sample) = (started + CHANGE_EVERY, started + SAMPLE_EVERY);
+    let mut version = 1;
+    let mut samples = Vec::new();
+    let mut not_ok = 0u64;
+    let fetches = |s: &serde_json::Value| s["observers"]["fetch"]["runs"].as_u64().unwrap_or(0);
+    let mut last = (Instant::now(), 0u64);
+    let mut i = 0usize;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The API, as a user asks it: every answer must be 200.
+        let u = &urls[i % urls.len()];
+        i += 7;
+        for r in [
+            http.get(format!("{}/v1/canonical", server.base))
+                .query(&[("url", u.as_str())])
+                .send()
+                .await,
+            http.get(format!("{}/v1/search", server.base)).query(&[("q", "web page")]).send().await,
+        ] {
+            // A URL not indexed yet is a 404: an answer, not a failure.
+            if !matches!(r.as_ref().map(|r| r.status().as_u16()), Ok(200 | 404)) {
+                not_ok += 1;
+            }
+        }
+        if Instant::now() >= next_change {
+            next_change += CHANGE_EVERY;
+            let changes = web.change_set(CHANGED, u64::from(version));
+            perc_synth::write::apply_changes(web, site, &changes, version)?;
+            version += 1;
+        }
+        if Instant::now() >= next_sample {
+            next_sample += SAMPLE_EVERY;
+            let s = match status(&http, &server.base).await {
+                Ok(s) => s,
+                Err(e) => {
+                    not_ok += 1;
+                    tracing_note(&e);
+                    continue;
+                }
+            };
+            let now = (Instant::now(), fetches(&s));
+            let secs = now.0.duration_since(last.0).as_secs_f64().max(0.001);
+            let sample = Sample {
+                minute: started.elapsed().as_secs_f64() / 60.0,
+                rss_mib: rss_mib(server.pid())?,
+                disk_mib: disk_bytes(data)? as f64 / (1024.0 * 1024.0),
+                pages: s["pages"].as_u64().unwrap_or(0),
+                fetches_per_s: now.1.saturating_sub(last.1) as f64 / secs,
+                oldest_s: s["oldest_pending_s"].as_f64().unwrap_or(0.0),
+                pending: s["pending"].as_u64().unwrap_or(0),
+                lag_s: s["recrawl"]["lag_s"].as_f64().unwrap_or(0.0),
+                not_ok: std::mem::take(&mut not_ok),
+            };
+            eprintln!(
+                "soak: minute {:.0}: RSS {:.0} MiB, disk {:.0} MiB, {} pages, {:.0} fetches/s, oldest pending {:.1} s",
+                sample.minute, sample.rss_mib, sample.disk_mib, sample.pages, sample.fetches_per_s, sample.oldest_s
+            );
+            samples.push(sample);
+            last = now;
+        }
+    }
+    Ok(samples)
+}
+
+fn tracing_note(e: &anyhow::Error) {
+    eprintln!("soak: a status read failed: {e:#}");
+}
+
+/// A process's resident set (VmRSS), in MiB.
+fn rss_mib(pid: u32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS")?;
+    Ok(kb / 1024.0)
+}
+
+/// The bytes of the files under `dir`.
+fn disk_bytes(dir: &Path) -> Result<u64> {
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        n += if meta.is_dir() { disk_bytes(&entry.path())? } else { meta.len() };
+    }
+    Ok(n)
+}
