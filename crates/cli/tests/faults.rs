@@ -591,15 +591,7 @@ fn disk_full_stops_the_crawl_with_one_clear_error_and_resumes_when_space_is_back
         echo $? > "$OUT/again.rc"
         perc export --out "$OUT/export.jsonl" > /dev/null
     "#;
-    let config = root().join("config/test.toml");
-    let env = [
-        ("MNT", mnt.as_path()),
-        ("OUT", tmp.path()),
-        ("PERC", Path::new(common::PERC)),
-        ("CONFIG", config.as_path()),
-        ("SEEDS", s.as_path()),
-    ];
-    in_mount_namespace(tmp.path(), script, &env, Duration::from_secs(120));
+    in_mount_namespace(tmp.path(), script, &s, Duration::from_secs(120));
     let read = |f: &str| std::fs::read_to_string(tmp.path().join(f)).unwrap();
     let full_rc: i32 = read("full.rc").trim().parse().unwrap();
     let full_err = read("full.err");
@@ -624,9 +616,10 @@ fn disk_full_stops_the_crawl_with_one_clear_error_and_resumes_when_space_is_back
 /// The demo's robots.txt names a sitemap index: a gzip urlset (a page no followed link
 /// reaches, and a URL out of scope), a broken file and a missing one.
 /// Runs `script` with `sh` in a mount namespace of its own (as root, or as a user mapped to
-/// root), so that it may mount a small tmpfs; `env` are its variables. Fails the test with
+/// root), so that it may mount a small tmpfs on `$MNT` (`tmp/mnt`); it has `$OUT` (`tmp`),
+/// `$PERC`, `$CONFIG` (the test configuration) and `$SEEDS` (`seeds`). Fails the test with
 /// its stderr if it fails or outlasts `limit`.
-fn in_mount_namespace(tmp: &Path, script: &str, env: &[(&str, &Path)], limit: Duration) {
+fn in_mount_namespace(tmp: &Path, script: &str, seeds: &Path, limit: Duration) {
     let is_root = std::fs::read_to_string("/proc/self/status")
         .unwrap()
         .lines()
@@ -635,10 +628,14 @@ fn in_mount_namespace(tmp: &Path, script: &str, env: &[(&str, &Path)], limit: Du
     if !is_root {
         unshare.args(["--user", "--map-root-user"]);
     }
-    unshare.args(["--mount", "sh", "-c", script]).env_remove("RUST_LOG");
-    for (k, v) in env {
-        unshare.env(k, v);
-    }
+    unshare
+        .args(["--mount", "sh", "-c", script])
+        .env("MNT", tmp.join("mnt"))
+        .env("OUT", tmp)
+        .env("PERC", common::PERC)
+        .env("CONFIG", root().join("config/test.toml"))
+        .env("SEEDS", seeds)
+        .env_remove("RUST_LOG");
     let (ok, stderr) = finish_within(&mut unshare, &tmp.join("unshare"), limit, "the script");
     assert!(ok, "the script (mounting a tmpfs in a mount namespace of its own) failed: {stderr}");
 }
@@ -667,21 +664,11 @@ fn serve_on_a_full_disk_exits_2_with_one_clear_error_and_serves_again_with_space
             [ -s "$MNT/store/serve.json" ] && break
             sleep 0.1
         done
-        addr=$(sed 's/.*"addr":"\([^"]*\)".*/\1/' "$MNT/store/serve.json")
         "$PERC" --config "$CONFIG" --data "$MNT/store" status > "$OUT/status.out" 2>&1
         echo $? > "$OUT/status.rc"
         kill -TERM $pid; wait $pid; echo $? > "$OUT/again.rc"
-        echo "$addr" > "$OUT/addr"
     "#;
-    let config = root().join("config/test.toml");
-    let env = [
-        ("MNT", mnt.as_path()),
-        ("OUT", tmp.path()),
-        ("PERC", Path::new(common::PERC)),
-        ("CONFIG", config.as_path()),
-        ("SEEDS", s.as_path()),
-    ];
-    in_mount_namespace(tmp.path(), script, &env, Duration::from_secs(200));
+    in_mount_namespace(tmp.path(), script, &s, Duration::from_secs(200));
     let read = |f: &str| std::fs::read_to_string(tmp.path().join(f)).unwrap();
     let full_err = read("full.err");
     let full_rc: i32 = read("full.rc").trim().parse().unwrap();

@@ -42,6 +42,20 @@ pub struct Received {
 }
 
 impl Response {
+    /// A response perc makes up (a test's web, a fake source): `status`, `text/html`, `body`,
+    /// no head as received.
+    pub fn html(status: u16, body: impl Into<Bytes>) -> Response {
+        Response {
+            status,
+            content_type: Some("text/html".into()),
+            charset: None,
+            location: None,
+            retry_after_s: None,
+            body: body.into(),
+            received: None,
+        }
+    }
+
     /// The `ETag` and `Last-Modified` it was received with, for a conditional refetch.
     pub fn validators(&self) -> Validators {
         let field = |name: &str| {

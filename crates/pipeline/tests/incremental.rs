@@ -43,27 +43,11 @@ impl Source for Web {
 }
 
 fn html(body: String) -> Response {
-    Response {
-        status: 200,
-        content_type: Some("text/html".into()),
-        charset: None,
-        location: None,
-        retry_after_s: None,
-        received: None,
-        body: Bytes::from(body),
-    }
+    Response::html(200, body)
 }
 
 fn status(code: u16) -> Response {
-    Response {
-        status: code,
-        content_type: Some("text/html".into()),
-        charset: None,
-        location: None,
-        retry_after_s: None,
-        received: None,
-        body: Bytes::new(),
-    }
+    Response::html(code, Bytes::new())
 }
 
 fn redirect(to: &str) -> Response {

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use perc_crawl::{Fetched, Response, Source};
 use perc_observers::model::CrawlScope;
 use perc_pipeline::{Backend, Config, Pipeline};
@@ -39,15 +38,23 @@ impl Site {
 }
 
 fn response(status: u16, body: &str) -> Response {
-    Response {
-        status,
-        content_type: Some("text/html".into()),
-        charset: None,
-        location: None,
-        retry_after_s: None,
-        received: None,
-        body: Bytes::from(body.to_string()),
-    }
+    Response::html(status, body.to_string())
+}
+
+/// A pipeline in memory fetching from `site`, configured by `set`, on a clock that stands
+/// still unless moved.
+async fn app(site: &Site, set: impl FnOnce(&mut Config)) -> (Pipeline, Arc<ManualClock>) {
+    let mut config = Config::defaults();
+    config.store.backend = Backend::Memory;
+    set(&mut config);
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let app = Pipeline::builder(config)
+        .source(Arc::new(site.clone()))
+        .clock(clock.clone())
+        .open()
+        .await
+        .unwrap();
+    (app, clock)
 }
 
 #[async_trait]
@@ -104,17 +111,11 @@ fn an_outage_keeps_every_page_and_the_index_follows_the_site_once_it_is_back() {
         site.set(A, &page("A", &[B, C]));
         site.set(B, &page("B", &[A]));
         site.set(C, &page("C", &[A]));
-        let mut config = Config::defaults();
-        config.store.backend = Backend::Memory;
-        config.recrawl.min_interval_s = 60;
-        config.recrawl.interval_s = 3_600;
-        let clock = Arc::new(ManualClock::new(1_000_000));
-        let app = Pipeline::builder(config)
-            .source(Arc::new(site.clone()))
-            .clock(clock.clone())
-            .open()
-            .await
-            .unwrap();
+        let (app, _) = app(&site, |c| {
+            c.recrawl.min_interval_s = 60;
+            c.recrawl.interval_s = 3_600;
+        })
+        .await;
         crawl(&app, A).await;
         let before = export(&app).await;
         assert_eq!(before.len(), 3, "{before:#?}");
@@ -167,9 +168,7 @@ fn a_url_never_fetched_is_recorded_with_the_reason_until_it_answers() {
     rt.block_on(async {
         let site = Site::default();
         site.set(A, &page("A", &[]));
-        let mut config = Config::defaults();
-        config.store.backend = Backend::Memory;
-        let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
+        let (app, _) = app(&site, |_| {}).await;
         site.down(Some(Fetched::Unavailable("cannot connect to site.test".into())));
         crawl(&app, A).await;
         assert!(export(&app).await.is_empty());
@@ -191,18 +190,12 @@ fn the_recrawl_asks_for_nothing_while_the_index_is_behind() {
         for u in &urls {
             site.set(u, &page(u, &refs));
         }
-        let mut config = Config::defaults();
-        config.store.backend = Backend::Memory;
-        config.recrawl.interval_s = 60;
-        config.recrawl.min_interval_s = 60;
-        config.recrawl.pending_max = 3;
-        let clock = Arc::new(ManualClock::new(1_000_000));
-        let app = Pipeline::builder(config)
-            .source(Arc::new(site.clone()))
-            .clock(clock.clone())
-            .open()
-            .await
-            .unwrap();
+        let (app, clock) = app(&site, |c| {
+            c.recrawl.interval_s = 60;
+            c.recrawl.min_interval_s = 60;
+            c.recrawl.pending_max = 3;
+        })
+        .await;
         crawl(&app, &urls[0]).await;
         assert_eq!(export(&app).await.len(), 8);
         // Every URL is due; nothing waits: it asks for as many as would reach the bound.
@@ -228,9 +221,7 @@ fn an_orphan_stays_a_page_while_it_answers_and_leaves_when_it_is_gone() {
         let site = Site::default();
         site.set(A, &page("A", &[B]));
         site.set(B, &page("B", &[]));
-        let mut config = Config::defaults();
-        config.store.backend = Backend::Memory;
-        let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
+        let (app, _) = app(&site, |_| {}).await;
         crawl(&app, A).await;
         assert_eq!(export(&app).await.len(), 2);
         // A no longer links to B: B keeps its line, with no inlink.

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use perc_crawl::{Fetched, Response, Source};
 use perc_pipeline::{Backend, Config, CrawlScope, Pipeline};
 use perc_search::{QueryLimits, SearchIndex};
@@ -24,15 +23,7 @@ impl Source for Site {
             Some(html) => (200, html.clone()),
             None => (404, String::new()),
         };
-        Fetched::Response(Response {
-            status,
-            content_type: Some("text/html".into()),
-            charset: None,
-            location: None,
-            retry_after_s: None,
-            received: None,
-            body: Bytes::from(body),
-        })
+        Fetched::Response(Response::html(status, body))
     }
 }
 

@@ -1077,15 +1077,10 @@ mod tests {
         let recorded: Vec<perc_crawl::warc::Recorded> = (0..pages)
             .map(|i| perc_crawl::warc::Recorded {
                 url: Url::parse(&format!("http://h.test/p{i}")).unwrap(),
-                response: perc_crawl::Response {
-                    status: 200,
-                    content_type: Some("text/html".into()),
-                    charset: None,
-                    location: None,
-                    retry_after_s: None,
-                    received: None,
-                    body: Bytes::from(format!("<title>page {i}</title><p>text of page {i}</p>")),
-                },
+                response: perc_crawl::Response::html(
+                    200,
+                    format!("<title>page {i}</title><p>text of page {i}</p>"),
+                ),
             })
             .collect();
         perc_observers::load_recorded(&app.client, &recorded).await.unwrap();
