@@ -205,7 +205,7 @@ async fn soak(
                 Ok(s) => s,
                 Err(e) => {
                     not_ok += 1;
-                    tracing_note(&e);
+                    eprintln!("soak: a status read failed: {e:#}");
                     continue;
                 }
             };
@@ -231,10 +231,6 @@ async fn soak(
         }
     }
     Ok(samples)
-}
-
-fn tracing_note(e: &anyhow::Error) {
-    eprintln!("soak: a status read failed: {e:#}");
 }
 
 /// A process's resident set (VmRSS), in MiB.
