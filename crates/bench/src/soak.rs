@@ -32,11 +32,14 @@ const CHANGE_EVERY: Duration = Duration::from_secs(30);
 const CHANGED: usize = PAGES * 3 / 100;
 /// A sample this often.
 const SAMPLE_EVERY: Duration = Duration::from_secs(60);
+const MIB: f64 = 1024.0 * 1024.0;
 
 struct Sample {
     minute: f64,
     rss_mib: f64,
     disk_mib: f64,
+    /// Of `disk_mib`, the search index's share (DATA/search).
+    search_mib: f64,
     pages: u64,
     fetches_per_s: f64,
     oldest_s: f64,
@@ -99,13 +102,13 @@ pub fn run(minutes: f64) -> Result<()> {
     let mut t = Table::new();
     t.add(
         "minute",
-        "RSS MiB / disk MiB / pages",
+        "RSS MiB / disk MiB (search) / pages",
         "fetches/s, oldest pending s, pending, recrawl lag s, non-200",
     );
     for s in &samples {
         t.add(
             format!("{:.0}", s.minute),
-            format!("{:.0} / {:.0} / {}", s.rss_mib, s.disk_mib, s.pages),
+            format!("{:.0} / {:.0} ({:.0}) / {}", s.rss_mib, s.disk_mib, s.search_mib, s.pages),
             format!(
                 "{:.0}, {:.1}, {}, {:.0}, {}",
                 s.fetches_per_s, s.oldest_s, s.pending, s.lag_s, s.not_ok
@@ -214,7 +217,8 @@ async fn soak(
             let sample = Sample {
                 minute: started.elapsed().as_secs_f64() / 60.0,
                 rss_mib: rss_mib(server.pid())?,
-                disk_mib: disk_bytes(data)? as f64 / (1024.0 * 1024.0),
+                disk_mib: disk_bytes(data)? as f64 / MIB,
+                search_mib: disk_bytes(&data.join("search")).unwrap_or(0) as f64 / MIB,
                 pages: s["pages"].as_u64().unwrap_or(0),
                 fetches_per_s: now.1.saturating_sub(last.1) as f64 / secs,
                 oldest_s: s["oldest_pending_s"].as_f64().unwrap_or(0.0),
@@ -223,8 +227,8 @@ async fn soak(
                 not_ok: std::mem::take(&mut not_ok),
             };
             eprintln!(
-                "soak: minute {:.0}: RSS {:.0} MiB, disk {:.0} MiB, {} pages, {:.0} fetches/s, oldest pending {:.1} s",
-                sample.minute, sample.rss_mib, sample.disk_mib, sample.pages, sample.fetches_per_s, sample.oldest_s
+                "soak: minute {:.0}: RSS {:.0} MiB, disk {:.0} MiB (search {:.0}), {} pages, {:.0} fetches/s, oldest pending {:.1} s",
+                sample.minute, sample.rss_mib, sample.disk_mib, sample.search_mib, sample.pages, sample.fetches_per_s, sample.oldest_s
             );
             samples.push(sample);
             last = now;
@@ -244,12 +248,17 @@ fn rss_mib(pid: u32) -> Result<f64> {
     Ok(kb / 1024.0)
 }
 
-/// The bytes of the files under `dir`.
+/// The bytes of the files under `dir`. A file removed between the listing and its size
+/// (the search index deletes merged segments while the server runs) counts 0.
 fn disk_bytes(dir: &Path) -> Result<u64> {
     let mut n = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        let meta = entry.metadata()?;
+        let meta = match entry.metadata() {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        };
         n += if meta.is_dir() { disk_bytes(&entry.path())? } else { meta.len() };
     }
     Ok(n)
