@@ -1,4 +1,4 @@
-//! cluster: canonical choice per duplicate cluster (SPEC §6.4), and anchor forwarding to it.
+//! cluster: canonical choice per duplicate cluster (spec §6.4), and anchor forwarding to it.
 //!
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes, by
 //!   parse when a member's declared canonical changes and by indegree when a member's names
@@ -17,7 +17,7 @@
 //!   canonical is the member with the most votes (each member's
 //!   declared canonical is a vote for the member it names, by URL or alias; one naming no
 //!   member casts none), then the highest in-degree, then the shorter URL, then the
-//!   lexicographically smaller (SPEC §6.4).
+//!   lexicographically smaller (spec §6.4).
 //! - Then, in the same transaction, [`forward`] (the canonical's `fwd:names`), from the names
 //!   read here; its contract is in its module.
 //! - Keeps the cluster's entry in the band index of near-duplicates ([`publish`]: its
@@ -236,7 +236,7 @@ async fn choose(
     Ok(())
 }
 
-/// Keeps the cluster's entry in the band index (SPEC §6.4a) what it is now: `entry` (none
+/// Keeps the cluster's entry in the band index (spec §6.4a) what it is now: `entry` (none
 /// for an empty cluster or a body of under 3 tokens), against `registered`, the head's
 /// `near:registered`. When it changed: the entry leaves the `near:block` cells of the old
 /// simhash's blocks and is written into those of the new one's (checked cells: overlapping

@@ -1,4 +1,4 @@
-//! export: keeps the serving copy of each page current (SPEC §6.6).
+//! export: keeps the serving copy of each page current (spec §7).
 //!
 //! - Trigger: `export:dirty` of `p:<url>` (weak), which nothing sets any more: earlier
 //!   versions of perc did (parse, indegree and cluster), and a store they wrote may still

@@ -92,7 +92,7 @@ impl Observer for Fetch {
         };
         // The stored raw stands when the server says nothing changed, and when a fetch that
         // failed finds an answer stored (a page keeps its last version through an outage;
-        // SPEC §7: nothing stored is lost). Only a new depth or hop count is written into it.
+        // spec §11: nothing stored is lost). Only a new depth or hop count is written into it.
         let stored = match (not_modified || failure.is_some(), &state) {
             (true, Some(_)) => match txn.get(row, col::RAW).await? {
                 Some(raw) => Some(

@@ -1,4 +1,4 @@
-//! forward: anchor forwarding to the canonical (SPEC §6.4): the canonical page carries the
+//! forward: anchor forwarding to the canonical (spec §6.4): the canonical page carries the
 //! inlinks of every member of its cluster (and of their aliases).
 //!
 //! - Runs: in the cluster head's run, after cluster chose the canonical from the members it

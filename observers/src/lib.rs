@@ -1,5 +1,5 @@
 //! The indexing pipeline: eleven stages, each doing one job and writing what the next one
-//! watches (SPEC §6), and the loaders and queries around them. Six are observers with runs of
+//! watches (spec §6), and the loaders and queries around them. Six are observers with runs of
 //! their own; dedup, invert and alias run inside parse's transaction (they read only the
 //! page's own row, which parse has just written: one run per page, not four), forward inside
 //! cluster's (it reads what cluster's choice read), and export inside the transaction of

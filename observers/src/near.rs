@@ -1,4 +1,4 @@
-//! near: near-duplicate lists (SPEC §6.4a), kept current through a band index.
+//! near: near-duplicate lists (spec §6.4a), kept current through a band index.
 //!
 //! The band index: four `s:<b><block>` rows per simhash, one per 16-bit block, whose
 //! `near:block` cell lists every cluster whose simhash has that block (hash, simhash and

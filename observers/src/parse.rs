@@ -23,9 +23,9 @@
 //!
 //! A page is a 2xx `text/html` response; a 3xx with a Location is a redirect (its source
 //! becomes an alias of the target), and so is a page whose first `<meta http-equiv=refresh>`
-//! has delay 0 and a URL (SPEC §6.2: its links are neither followed nor inverted); anything
+//! has delay 0 and a URL (spec §6.2: its links are neither followed nor inverted); anything
 //! else is recorded with its reason. A page's declared canonical (`<link rel=canonical>`) is
-//! its vote in its cluster's canonical choice (SPEC §6.4): `page:declared`.
+//! its vote in its cluster's canonical choice (spec §6.4): `page:declared`.
 
 use crate::IndexError;
 use async_trait::async_trait;
@@ -86,7 +86,7 @@ impl Observer for Parse {
                     perc_crawl::nesting::NESTING_MAX
                 );
             } else if let Some(target) = refresh.and_then(perc_crawl::Refresh::redirect) {
-                // A delay-0 refresh is a redirect, exactly as an HTTP one (SPEC §6.2).
+                // A delay-0 refresh is a redirect, exactly as an HTTP one (spec §6.2).
                 redirect(&mut meta, &mut follow, &url, Some(target.clone()), "refresh");
             } else {
                 meta.kind = "page".into();
@@ -146,7 +146,7 @@ impl Observer for Parse {
             && txn.get(row, col::HASH_REGISTERED).await?.as_deref()
                 == Some(meta.content_hash.as_bytes())
         {
-            // The page's vote moved: its cluster chooses again (SPEC §6.4). A page that also
+            // The page's vote moved: its cluster chooses again (spec §6.4). A page that also
             // moves to another cluster has both told (or chosen for) by dedup.
             txn.notify(
                 model::cluster_head(&meta.content_hash),

@@ -21,7 +21,7 @@
 //!   records the generation it was built in; one of an older generation missed the rows
 //!   trimmed, and is built again from the pages (what a new index does anyway).
 //! - A document: one per canonical page that is not noindex: its URL, title, the anchors of
-//!   the inlinks its export line carries, its body text (the simhash's, SPEC §6.4a) and its
+//!   the inlinks its export line carries, its body text (the simhash's, spec §6.4a) and its
 //!   in-degree.
 
 use bytes::Bytes;

@@ -32,7 +32,7 @@ struct Figures {
     links: usize,
     bare_s: f64,
     /// The bare loop with the simhash of each page's text added (what parse also does since
-    /// near-duplicates, SPEC §6.4a).
+    /// near-duplicates, spec §6.4a).
     #[serde(default)]
     bare_simhash_s: f64,
     replay_s: f64,
@@ -298,7 +298,7 @@ pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
             "bare loop + simhash of the text",
             rate(f.records as u64, f.bare_simhash_s),
             format!(
-                "the simhash costs {:.0} µs a record, 2 threads (parse does it since SPEC v2)",
+                "the simhash costs {:.0} µs a record, 2 threads",
                 (f.bare_simhash_s - f.bare_s) * 2e6 / f.records.max(1) as f64
             ),
         );

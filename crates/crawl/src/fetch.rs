@@ -1,4 +1,4 @@
-//! Fetching one URL (SPEC §6.2): one GET, no redirect followed (the pipeline follows them, so
+//! Fetching one URL (spec §6.2): one GET, no redirect followed (the pipeline follows them, so
 //! that each hop is scope- and robots-checked and recorded as an alias), with a connect
 //! timeout, a total timeout, and a body cap enforced while the body streams in, after
 //! decompression, so a gzip bomb is cut off rather than inflated.

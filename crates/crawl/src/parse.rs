@@ -1,4 +1,4 @@
-//! What a page says (SPEC §6.3, §6.4): its text decoded with the right charset, its title,
+//! What a page says (spec §6.3, §6.4): its text decoded with the right charset, its title,
 //! its links with their anchors, the robots meta, and the canonical and refresh hints.
 //!
 //! Decoding: a byte-order mark wins, then the HTTP `charset`, then a `<meta charset>` (or
@@ -42,7 +42,7 @@ pub struct Refresh {
 }
 
 impl Refresh {
-    /// The target of a refresh that is a redirect (SPEC §6.2): delay 0 and a URL.
+    /// The target of a refresh that is a redirect (spec §6.2): delay 0 and a URL.
     pub fn redirect(&self) -> Option<&Url> {
         self.target.as_ref().filter(|_| self.delay_s == 0)
     }
@@ -57,7 +57,7 @@ pub struct ParsedPage {
     /// Robots meta `nofollow` or `none` (then no link is followed).
     pub nofollow: bool,
     /// The first `<link rel="canonical">`, resolved like a link: the page's declared
-    /// canonical, a hint for the canonical choice (SPEC §6.4).
+    /// canonical, a hint for the canonical choice (spec §6.4).
     pub canonical: Option<Url>,
     /// The first `<meta http-equiv="refresh">`, when its content parses ([`Refresh`]).
     pub refresh: Option<Refresh>,
@@ -161,7 +161,7 @@ pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
     parse_document(url, body, http_charset).0
 }
 
-/// [`parse`], and the simhash of the page's text (near-duplicates, SPEC §6.4a): what the
+/// [`parse`], and the simhash of the page's text (near-duplicates, spec §6.4a): what the
 /// index needs.
 pub fn parse_for_index(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
     let (mut page, doc) = parse_document(url, body, http_charset);
@@ -170,7 +170,7 @@ pub fn parse_for_index(url: &Url, body: &[u8], http_charset: Option<&str>) -> Pa
 }
 
 /// The text of a page's body as a search index holds it: the text the simhash is computed
-/// over (SPEC §6.4a), decoded as [`parse`] decodes it.
+/// over (spec §6.4a), decoded as [`parse`] decodes it.
 pub fn page_text(body: &[u8], http_charset: Option<&str>) -> String {
     let (text, _) = decode(body, http_charset);
     if crate::nesting::too_deep(&text).is_some() {

@@ -1,4 +1,4 @@
-//! robots.txt (SPEC §6.1, RFC 9309): fetched once per origin at a time through the same
+//! robots.txt (spec §6.1, RFC 9309): fetched once per origin at a time through the same
 //! fetcher as pages, redirects followed (up to five hops, across hosts), parsed by
 //! texting_robots for the configured user agent (Allow/Disallow, Crawl-delay), and cached
 //! with a TTL in a moka cache, whose `get_with` makes every URL of an origin wait for the one

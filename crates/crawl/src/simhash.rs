@@ -1,4 +1,4 @@
-//! A page's text and its simhash, for near-duplicate detection (SPEC §6.4a).
+//! A page's text and its simhash, for near-duplicate detection (spec §6.4a).
 //!
 //! Text: the Text nodes that descend from `<body>`, in document order, joined by one space,
 //! leaving out those inside `script`, `style`, `noscript` and `template` (by local name, in
@@ -97,7 +97,7 @@ pub fn distance(a: u64, b: u64) -> u32 {
     (a ^ b).count_ones()
 }
 
-/// The most bits two near-duplicates' simhashes differ in (SPEC §6.4a).
+/// The most bits two near-duplicates' simhashes differ in (spec §6.4a).
 pub const NEAR_BITS_MAX: u32 = 3;
 
 #[cfg(test)]

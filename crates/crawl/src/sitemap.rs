@@ -1,4 +1,4 @@
-//! Sitemaps (SPEC §6.1, sitemaps.org): the `<urlset>` and `<sitemapindex>` files that
+//! Sitemaps (spec §6.1, sitemaps.org): the `<urlset>` and `<sitemapindex>` files that
 //! robots.txt `Sitemap:` lines name, plain or gzip, read with quick-xml.
 //!
 //! A file is read up to [`FILE_BYTES_MAX`] bytes (after gunzip: a gzip bomb is cut off,

@@ -1,4 +1,4 @@
-//! URLs as perc keeps them, and the crawl's scope (SPEC §6.1).
+//! URLs as perc keeps them, and the crawl's scope (spec §6.1).
 //!
 //! A URL is parsed the WHATWG way (the `url` crate), resolved against the page or its
 //! `<base href>`, its fragment dropped; only `http` and `https` are kept. The serialized form
@@ -8,7 +8,7 @@
 //! Userinfo (`user:pass@`) is removed: a credential never reaches the store, the export, a
 //! log line or a server perc did not mean to send it to.
 //!
-//! Length: a URL longer than [`URL_BYTES_MAX`] is not kept (SPEC §6.1 asks for at least
+//! Length: a URL longer than [`URL_BYTES_MAX`] is not kept (spec §6.1 asks for at least
 //! 2 KiB; 2048 bytes is the sitemaps.org limit, and what browsers and search engines reliably
 //! handle). Row keys that hold two URLs (an edge: target and source) must fit the store's
 //! 4080-byte key limit, so a link is also dropped when it and its page together exceed

@@ -246,7 +246,7 @@ pub struct Crawl {
     pub connect_timeout_ms: u64,
     pub total_timeout_ms: u64,
     pub concurrency_max: usize,
-    /// Requests in flight to one host that asks for no delay (SPEC §6.2: one by default).
+    /// Requests in flight to one host that asks for no delay (spec §6.2: one by default).
     pub per_host: usize,
     pub host_delay_ms: u64,
     pub delay_cap_ms: u64,
@@ -258,7 +258,7 @@ pub struct Crawl {
     pub robots_give_up_ms: u64,
     pub prefixes: Vec<String>,
     pub seeds_max: u64,
-    /// Crawl the URLs of the sitemaps the seeds' robots.txt files name (SPEC §6.1).
+    /// Crawl the URLs of the sitemaps the seeds' robots.txt files name (spec §6.1).
     pub sitemaps: bool,
     /// The most in-scope URLs taken from the sitemaps of one list of seeds.
     pub sitemap_urls_max: u64,

@@ -1,4 +1,4 @@
-//! A semantic diff of two exports (SPEC §6.6: JSON Lines sorted by URL): the pages added and
+//! A semantic diff of two exports (spec §7: JSON Lines sorted by URL): the pages added and
 //! removed, every field that changed on a page in both, and the inlinks each page gained and
 //! lost. Both sides stream in step (a merge by URL), so memory holds the differences, not the
 //! exports. `perc diff` and `perc replay --expect` print it as text, JSON or a JUnit report.

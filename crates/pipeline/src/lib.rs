@@ -474,7 +474,7 @@ impl Pipeline {
     }
 
     /// The in-scope URLs of the sitemaps that the seeds' robots.txt files name, not seeds
-    /// already (SPEC §6.1). Each sitemap that cannot be read is a warning naming it.
+    /// already (spec §6.1). Each sitemap that cannot be read is a warning naming it.
     async fn sitemap_seeds(&self, seeds: &[Url], scope: &CrawlScope) -> Result<Vec<Url>> {
         let in_scope = perc_crawl::Scope::new(seeds, &scope.prefixes)
             .map_err(|e| PipelineError::Setup(e.to_string()))?;

@@ -1,4 +1,4 @@
-//! The pipeline against a from-scratch reference implementation of SPEC §6, written here
+//! The pipeline against a from-scratch reference implementation of spec §6, written here
 //! independently of the observers: over seeded random small webs, after random edit
 //! sequences loaded between partial processing steps, the incremental export equals the
 //! reference computed over the final state. And a crawl from seeds (fetch, discovery, depth,
@@ -55,7 +55,7 @@ fn redirect(to: &str) -> Response {
 }
 
 // ---------------------------------------------------------------------------------------
-// The reference: SPEC §6 computed from scratch over a set of fetched responses.
+// The reference: spec §6 computed from scratch over a set of fetched responses.
 
 struct RefPage {
     hash: String,
@@ -74,7 +74,7 @@ fn ref_html(url: &str, r: &Response) -> Option<perc_crawl::ParsedPage> {
     Some(perc_crawl::parse_for_index(&Url::parse(url).unwrap(), &r.body, r.charset.as_deref()))
 }
 
-/// The refresh target of a delay-0 refresh (SPEC §6.2).
+/// The refresh target of a delay-0 refresh (spec §6.2).
 fn ref_refresh(p: &perc_crawl::ParsedPage) -> Option<String> {
     let r = p.refresh.as_ref()?;
     (r.delay_s == 0).then(|| r.target.as_ref().map(Url::to_string)).flatten()
@@ -168,7 +168,7 @@ fn reference(fetched: &BTreeMap<String, Response>) -> Vec<ExportLine> {
             })
             .unwrap()
     };
-    // Near-duplicates: every pair of clusters, compared (SPEC §6.4a).
+    // Near-duplicates: every pair of clusters, compared (spec §6.4a).
     let simhash_of = |hash: &str| pages[clusters[hash][0]].simhash;
     let near_of = |hash: &str| -> Vec<String> {
         let Some(mine) = simhash_of(hash) else { return Vec::new() };
@@ -854,7 +854,7 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
     report(failed);
 }
 
-/// SPEC §6.4's votes and §6.2's refresh redirects, step by step: a declared canonical names a
+/// spec §6.4's votes and §6.2's refresh redirects, step by step: a declared canonical names a
 /// page through an alias, the alias moves (an HTTP redirect, then a refresh, then gone), and
 /// the canonical follows each move, as the reference says after every step.
 #[test]

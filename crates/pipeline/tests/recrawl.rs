@@ -1,13 +1,13 @@
 //! The recrawl as a long-running service meets it.
 //!
-//! - A site that fails for a while loses nothing (SPEC §7): through every kind of outage a
+//! - A site that fails for a while loses nothing (spec §11): through every kind of outage a
 //!   refetch can meet (no connection, a timeout, robots.txt unreachable, 5xx, 429) each page
 //!   keeps its last version in the export, its fetch state says why it was not refreshed, and
 //!   it is asked again sooner; once the site answers, the index follows it again. A URL never
 //!   fetched before is recorded with the reason meanwhile, and becomes a page once it answers.
 //! - Back-pressure: the scheduler asks for no more due URLs while `recrawl.pending_max`
 //!   notifications wait, and for no more than would reach it.
-//! - A URL once found stays known (SPEC §6.5): a page that loses every inlink stays a page
+//! - A URL once found stays known (spec §6.5): a page that loses every inlink stays a page
 //!   while it answers, is recrawled like any other, and leaves the export when it answers
 //!   404.
 

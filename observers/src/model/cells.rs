@@ -70,7 +70,7 @@ pub fn join_keys(line: &ExportLine) -> [(Bytes, Bytes); 2] {
     [(page(&line.url), Bytes::from_static(col::FWD_NAMES)), near]
 }
 
-/// A page's export line with its inlinks and near-duplicates joined in (SPEC §6.6): the
+/// A page's export line with its inlinks and near-duplicates joined in (spec §7): the
 /// stored line holds neither; the canonical page's inlinks are the edges into its
 /// `fwd:names`, its near-duplicates its cluster's `near:list`. `joined` holds the cells of
 /// [`join_keys`].

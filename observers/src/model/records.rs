@@ -1,5 +1,5 @@
 //! The records stored in the pipeline's cells: a frontier entry, a fetch outcome, what a
-//! page is, the links to follow, the crawl's scope and an export line (SPEC §6.6).
+//! page is, the links to follow, the crawl's scope and an export line (spec §7).
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -172,17 +172,17 @@ pub struct Meta {
     pub content_hash: String,
     pub redirect_to: Option<String>,
     pub encoding: String,
-    /// Links left out for their length (SPEC §6.1: longer than the URL limit, or too long
+    /// Links left out for their length (spec §6.1: longer than the URL limit, or too long
     /// to share a row key with this page's URL).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub long_links_dropped: u32,
     /// Links to distinct targets past the most one page keeps (`perc_crawl::parse::LINKS_MAX`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub links_over_max: u32,
-    /// The page's `<link rel=canonical>`, resolved: its vote (SPEC §6.4).
+    /// The page's `<link rel=canonical>`, resolved: its vote (spec §6.4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared_canonical: Option<String>,
-    /// The simhash of the page's text, in hex (SPEC §6.4a; none under 3 tokens).
+    /// The simhash of the page's text, in hex (spec §6.4a; none under 3 tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub simhash: Option<String>,
     /// A page's refresh that is not a redirect (a delay above 0), as recorded: "after 5 s
@@ -213,7 +213,7 @@ pub struct Inlink {
     pub anchor: String,
 }
 
-/// One line of the export (SPEC §6.6), fields in the documented order.
+/// One line of the export (spec §7), fields in the documented order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportLine {
     pub url: String,
@@ -229,7 +229,7 @@ pub struct ExportLine {
     pub inlinks: Vec<Inlink>,
 }
 
-/// The most near-duplicates a line lists (SPEC §6.4a: the 20 smallest).
+/// The most near-duplicates a line lists (spec §6.4a: the 20 smallest).
 pub const NEAR_LISTED_MAX: usize = 20;
 
 /// Crawl settings the observers need, stored once per store.

@@ -190,7 +190,7 @@ pub fn member(hash: &str, url: &str) -> Bytes {
 }
 
 /// The four band-index rows of a simhash: one per 16-bit block, so that clusters within 3
-/// bits share at least one (SPEC §6.4a).
+/// bits share at least one (spec §6.4a).
 pub fn blocks(simhash: u64) -> [Bytes; 4] {
     std::array::from_fn(|b| Bytes::from(format!("s:{b}{:04x}", (simhash >> (16 * b)) & 0xffff)))
 }
