@@ -1,4 +1,4 @@
-//! The data path's figures (issue #9), per WARC: `perc replay` through the front door against
+//! The data path's figures, per WARC: `perc replay` through the front door against
 //! a bare loop over the same records in the same run (read, parse, blake3, every link
 //! resolved, on two threads), with store calls and transactions per indexed page, store bytes
 //! per input byte after a garbage collection (by sled tree and by column group), and peak
@@ -6,7 +6,7 @@
 //! peak RSS is its own. Without `--warc`, two perc-synth webs: 5000 pages, and 1000
 //! link-heavy pages (300-400 links each, like API documentation); and a real web, the Rust
 //! standard library's documentation (rustup's `rust-docs`) served by perc's static site
-//! server on 127.0.0.1 and recorded by `wget --warc-file`, as issue #9 measured it.
+//! server on 127.0.0.1 and recorded by `wget --warc-file`.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,8 @@
-//! The sled layout candidates of docs/data-path.md (step 6), on sled itself: what one row
-//! mutation costs, and how many bytes sled keeps on disk for the bytes it holds, when a row
-//! is one sled value (perc's layout: get, change, compare-and-swap) against one sled key per
-//! cell (a row mutation is then several keys, atomic only through a `sled::Batch`).
+//! The sled layout candidates (docs/architecture.md, "Why the data path is shaped this
+//! way"), on sled itself: what one row mutation costs, and how many bytes sled keeps on disk
+//! for the bytes it holds, when a row is one sled value (perc's layout: get, change,
+//! compare-and-swap) against one sled key per cell (a row mutation is then several keys,
+//! atomic only through a `sled::Batch`).
 //!
 //! The mutation is the shape of a prewrite or a commit on a page row: three cells change
 //! (two written, one removed) in a row of ~1.5 KB. Two threads, random rows out of 20,000,

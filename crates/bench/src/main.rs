@@ -34,9 +34,9 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Suite {
-    /// Store operations, transactions and the oracle (issue: transactional core).
+    /// Store operations, transactions and the oracle.
     Core,
-    /// Notifications: processing rate and scan cost (issue: observer framework).
+    /// Notifications: processing rate and scan cost.
     Notify,
     /// The indexing pipeline: replay and crawl throughput, store operations per page.
     Pipeline,
@@ -51,14 +51,14 @@ enum Suite {
         #[arg(long)]
         pages: usize,
     },
-    /// The data path (issue #9): replay of WARCs against the bare work on their records;
+    /// The data path: replay of WARCs against the bare work on their records;
     /// calls, transactions and store bytes per page, peak RSS.
     Datapath {
         /// WARCs to measure (default: two generated perc-synth webs).
         #[arg(long = "warc")]
         warcs: Vec<std::path::PathBuf>,
     },
-    /// The sled layout candidates of the data path (docs/data-path.md, step 6): one row
+    /// The sled layout candidates of the data path (docs/architecture.md): one row
     /// mutation's cost and sled's bytes on disk, row records against a key per cell.
     SledLayout,
     /// One WARC of `datapath`, in a process of its own (run by `datapath`).
@@ -67,7 +67,7 @@ enum Suite {
     /// Records the Rust std docs as a WARC (the real web `datapath` measures), to measure it
     /// again with `datapath --warc OUT`.
     StdDocsWarc { out: std::path::PathBuf },
-    /// perc serve (issue #11): API latency with 64 clients during a crawl, the crawl's rate
+    /// perc serve: API latency with 64 clients during a crawl, the crawl's rate
     /// with and without them, freshness with a 1 s minimum revisit interval.
     Serve,
     /// perc serve over hours: RSS and disk in the steady state, the oldest pending
@@ -77,6 +77,10 @@ enum Suite {
         /// How long (the record is of 120 minutes).
         #[arg(long, default_value_t = 120.0)]
         minutes: f64,
+        /// A configuration key for the server, over the suite's own (repeatable):
+        /// `--set workers.gc_interval_ms=10000`.
+        #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+        sets: Vec<String>,
     },
     /// Every suite.
     All,
@@ -96,7 +100,7 @@ fn main() -> anyhow::Result<()> {
         Suite::SledLayout => layout::run(args.scale),
         Suite::StdDocsWarc { out } => datapath::std_docs_warc(&out),
         Suite::Serve => serve::run(args.scale),
-        Suite::Soak { minutes } => soak::run(minutes),
+        Suite::Soak { minutes, sets } => soak::run(minutes, &sets),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
@@ -106,7 +110,7 @@ fn main() -> anyhow::Result<()> {
             layout::run(args.scale)?;
             serve::run(args.scale)?;
             scaling::run(args.scale)?;
-            soak::run(120.0 * args.scale)
+            soak::run(120.0 * args.scale, &[])
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `perc serve` under load (issue #11), with the perc binary beside this one in processes
+//! `perc serve` under load, with the perc binary beside this one in processes
 //! of their own, as a user runs them: the API's latency with 64 concurrent clients asking
 //! `canonical` and `search` on loopback while a synthetic site is crawled, the crawl's rate
 //! with and without those clients, and freshness: how long after a page of the demo site

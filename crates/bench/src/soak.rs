@@ -48,7 +48,7 @@ struct Sample {
     not_ok: u64,
 }
 
-pub fn run(minutes: f64) -> Result<()> {
+pub fn run(minutes: f64, extra: &[String]) -> Result<()> {
     let perc = perc_binary()?;
     let tmp = tempfile::tempdir()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -65,13 +65,14 @@ pub fn run(minutes: f64) -> Result<()> {
     let seeds = tmp.path().join("seeds.txt");
     std::fs::write(&seeds, urls.join("\n") + "\n")?;
     let data = tmp.path().join("soak");
-    let sets = [
+    let mut sets: Vec<&str> = vec![
         "crawl.sitemaps=false",
         "recrawl.interval_s=2",
         "recrawl.min_interval_s=2",
         "recrawl.max_interval_s=10",
         "recrawl.tick_ms=200",
     ];
+    sets.extend(extra.iter().map(String::as_str));
     let server = Served::start(&perc, &data, &sets, Some(&seeds))?;
     let samples = rt.block_on(soak(&server, &web, &site_dir, &data, &urls, minutes))?;
     drop(server);

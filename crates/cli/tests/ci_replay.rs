@@ -1,4 +1,4 @@
-//! Replaying fixture crawls in CI, through the binary (issue #13): `perc replay --expect`
+//! Replaying fixture crawls in CI, through the binary: `perc replay --expect`
 //! against the committed golden (green), against a golden with a title, a canonical and an
 //! inlink changed (exit 1, each named), `--update`, `--junit`, a directory of WARCs, the
 //! memory store; and `perc diff` on equal, different, unsorted and malformed exports.

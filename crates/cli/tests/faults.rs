@@ -1,4 +1,4 @@
-//! Faults and hostile inputs, through the `perc` binary (issue #7): each test is named after
+//! Faults and hostile inputs, through the `perc` binary: each test is named after
 //! the case it covers, and each failed before the fix it checks.
 
 use std::io::{BufRead, BufReader, Lines};

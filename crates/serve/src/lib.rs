@@ -555,8 +555,8 @@ impl From<PipelineError> for ApiError {
 impl Served {
     /// `perc status`'s read for the status endpoints: one at a time, and a slow one reused
     /// for a while ([`STATUS_REUSE`]). On a big store the read scans every page row and the
-    /// lock and lease families (seconds: docs/benchmarks.md, "session 15"); without this,
-    /// a status page polling every 2 s would keep reads piling up on each other.
+    /// lock and lease families (2.3 s at 20,000 pages: docs/benchmarks.md, "serve"); without
+    /// this, a status page polling every 2 s would keep reads piling up on each other.
     /// Also when the read started, in the wall clock's ms.
     async fn read_status(&self) -> Result<(perc_pipeline::Status, u64), ApiError> {
         let arrived = Instant::now();
@@ -868,7 +868,7 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
 /// `perc status`'s read on a blocking thread, so that the API's threads go on answering the
 /// small questions meanwhile: it scans the page rows, and counts locks and leases with scans
 /// of their families over the whole table (seconds on a big sled store: docs/benchmarks.md,
-/// "session 15").
+/// "serve").
 async fn status_off_the_api(app: &Arc<Pipeline>) -> Result<perc_pipeline::Status, ApiError> {
     let (app, rt) = (app.clone(), tokio::runtime::Handle::current());
     match tokio::task::spawn_blocking(move || rt.block_on(app.status())).await {

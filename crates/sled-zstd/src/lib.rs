@@ -5,7 +5,7 @@
 //! and `stream::decode_all`. Each of those creates a zstd context and drops it again: a
 //! zeroed allocation and a `cpuid` instruction per message, which on a virtual machine traps
 //! to the hypervisor. Measured on the std docs replay, context creation alone was a fifth of
-//! the process's CPU (docs/benchmarks.md, issue #9 session 14), more than the compression.
+//! the process's CPU (a `perf` profile), more than the compression.
 //!
 //! This crate is patched in for zstd 0.9 (`[patch.crates-io]` in the workspace manifest) and
 //! gives sled the same three functions over zstd 0.13, with one compression and one

@@ -79,7 +79,7 @@ fn compressed(conf: &str, level: i32) -> bool {
 /// about three times smaller: a compressed store's cache is given this share of
 /// `cache_bytes`, so that the setting holds about the same memory either way (measured at
 /// 100k pages: peak RSS 2.7 GB with the whole 256 MiB, 1.7 GB with a third; 1.7 GB
-/// uncompressed; docs/benchmarks.md, "session 14").
+/// uncompressed).
 const COMPRESSED_CACHE_DIVISOR: u64 = 3;
 
 /// How often a reader retries a row whose blob vanished under it (a concurrent delete).

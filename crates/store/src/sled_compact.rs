@@ -5,7 +5,7 @@
 //! times the live bytes on disk after a replay and a collection (docs/benchmarks.md); its
 //! cleaner's threshold is a constant. A copy holds only what is live, though sled writes a
 //! node several times while it loads it: a compacted store is still 2-3.4 times its live
-//! bytes, and 1.1-3.2 times smaller than before (docs/benchmarks.md, "session 23"). The
+//! bytes, and 1.1-3.2 times smaller than before (docs/benchmarks.md, "datapath"). The
 //! copy is of sled's trees, key by key, so it keeps every cell, version and notification as
 //! they are. The blobs are copied last, and only those some row record refers to: a blob no
 //! row refers to was left by a crash between its write and its row's, or between a row's

@@ -24,7 +24,7 @@
 //! The family is a locality group of its own: reading the registry ([`Liveness::workers`],
 //! which every collection pass and every process start does) then reads only the registry.
 //! In the row's atomic unit, as it was, a scan of it was a scan of the whole table on sled:
-//! every row record read and decoded to find a few heartbeats (docs/benchmarks.md, session 15).
+//! every row record read and decoded to find a few heartbeats (seconds on a big store).
 //! Nothing needs it there: a heartbeat is written unconditionally and read alone. Rows an
 //! older perc registered in the rows tree are no longer seen, which is what a worker that
 //! deregistered looks like: an embedded store forgets its workers at open anyway.
