@@ -7,10 +7,13 @@ CARGO ?= cargo
 run:
 	$(CARGO) run --release -p perc-cli -- --data ./data demo
 
-# What the tests need beyond cargo: the WARC tests check perc's WARCs with warcio, an
-# independent validator from Python's index; the status page's test drives Debian's chromium
-# through chromedriver. Fails if either cannot be had.
+# What the tests need beyond cargo: nextest runs them (checked first, before minutes of
+# building); the WARC tests check perc's WARCs with warcio, an independent validator from
+# Python's index; the status page's test drives Debian's chromium through chromedriver.
+# Fails, naming what is missing, if any cannot be had.
 deps:
+	@$(CARGO) nextest --version >/dev/null 2>&1 \
+	  || { echo "make deps: cargo-nextest is missing (cargo install cargo-nextest --locked)" >&2; exit 1; }
 	python3 -c 'import warcio' 2>/dev/null || python3 -m pip install --quiet warcio \
 	  || python3 -m pip install --quiet --break-system-packages warcio
 	command -v chromedriver >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; \

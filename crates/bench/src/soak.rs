@@ -132,11 +132,18 @@ pub fn run(minutes: f64, extra: &[String]) -> Result<()> {
         "goal < 5% over the last hour of a 2-hour run",
     );
     t.add("disk growth, last half", growth(|s| s.disk_mib), "goal < 5%");
-    let oldest = samples.iter().map(|s| s.oldest_s).fold(0.0, f64::max);
+    // The first crawl (every seed at once) is a load, not the recrawl: it ends when the
+    // pages stop growing from one sample to the next.
+    let crawled = samples.windows(2).position(|w| w[0].pages == w[1].pages).map_or(0, |i| i + 1);
+    let largest = |s: &[Sample]| s.iter().map(|s| s.oldest_s).fold(0.0, f64::max);
     t.add(
-        "oldest pending notification, largest seen",
-        format!("{oldest:.1} s"),
-        "goal < 60 s (recrawl.pending_max holds the recrawl)",
+        "oldest pending notification, largest seen while recrawling",
+        format!("{:.1} s", largest(&samples[crawled..])),
+        format!(
+            "goal < 60 s (recrawl.pending_max holds the recrawl); {:.1} s during the first crawl \
+             of every seed at once",
+            largest(&samples[..crawled])
+        ),
     );
     let rate: Vec<f64> = samples.iter().skip(1).map(|s| s.fetches_per_s).collect();
     let mean_rate = rate.iter().sum::<f64>() / rate.len().max(1) as f64;

@@ -187,6 +187,10 @@ enum Command {
         /// The site directory.
         #[arg(long, default_value = "fixtures/sites/demo")]
         site: PathBuf,
+        /// Where to serve the site: a fixed port, so that a store kept from an earlier run
+        /// has its URLs at the same address.
+        #[arg(long, default_value = "127.0.0.1:8419")]
+        listen: std::net::SocketAddr,
     },
 }
 
@@ -545,7 +549,7 @@ async fn dispatch(
         Command::Serve { seeds, prefixes, listen } => {
             serve(config, seeds.as_deref(), &prefixes, listen, stop).await
         }
-        Command::Demo { site } => demo(config, &site, &stop).await,
+        Command::Demo { site, listen } => demo(config, &site, listen, &stop).await,
     }
 }
 
@@ -1079,14 +1083,25 @@ async fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn demo(config: config::Config, site: &Path, stop: &CancellationToken) -> Result<ExitCode> {
+async fn demo(
+    config: config::Config,
+    site: &Path,
+    listen: std::net::SocketAddr,
+    stop: &CancellationToken,
+) -> Result<ExitCode> {
     if !site.is_dir() {
         bail!(
             "the demo site {} does not exist (run from the repository's top directory)",
             site.display()
         );
     }
-    let served = site::serve(site).await?;
+    let served = site::serve_on(site, listen).await.with_context(|| {
+        format!(
+            "cannot serve the demo site at {listen}: `perc demo --listen 127.0.0.1:PORT` picks \
+             another address (a store kept from an earlier demo knows the site's pages at the \
+             address they were crawled at)"
+        )
+    })?;
     let base = served.base();
     out!("serving {} at {base}", site.display());
     let seeds = std::slice::from_ref(&base);

@@ -51,6 +51,11 @@ impl Drop for Served {
 
 /// Serves `root` on a free port of 127.0.0.1.
 pub async fn serve(root: &Path) -> Result<Served> {
+    serve_on(root, SocketAddr::from(([127, 0, 0, 1], 0))).await
+}
+
+/// Serves `root` at `addr` (port 0: a free one).
+pub async fn serve_on(root: &Path, addr: SocketAddr) -> Result<Served> {
     let mut redirects = HashMap::new();
     if let Ok(text) = std::fs::read_to_string(root.join("_redirects")) {
         for (n, line) in text.lines().enumerate() {
@@ -80,7 +85,7 @@ pub async fn serve(root: &Path) -> Result<Served> {
         async move { respond(&site, &uri, &headers) }
     });
     let listener =
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding 127.0.0.1")?;
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;

@@ -445,3 +445,31 @@ fn a_compacted_store_answers_the_same_on_less_disk_and_takes_new_pages() {
     assert_eq!(memory.status.code(), Some(2), "{}", String::from_utf8_lossy(&memory.stderr));
     assert!(String::from_utf8_lossy(&memory.stderr).contains("sled store"));
 }
+
+/// `make run` is `perc --data ./data demo`: run twice on the store it keeps, it must answer
+/// the same. The demo serves its site at a fixed address (`--listen`), so the second run
+/// refetches the pages the first crawled, instead of crawling the site again under another
+/// port beside them.
+#[test]
+fn the_demo_run_twice_on_its_store_answers_the_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let site = root().join("fixtures/sites/demo");
+    let args = ["demo", "--site", site.to_str().unwrap(), "--listen", &listen];
+    let data = tmp.path().join("data");
+    // The answers and the summary's counts: the lines that name no time or rate.
+    let answers = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.contains("->") || l.trim_start().starts_with("pages"))
+            .map(str::to_string)
+            .collect()
+    };
+    let first = answers(&ok(&perc(&data, &args)));
+    assert!(
+        first.iter().any(|l| l.contains(&format!("-> http://{listen}/about.html"))),
+        "{first:?}"
+    );
+    let second = answers(&ok(&perc(&data, &args)));
+    assert_eq!(first, second);
+}

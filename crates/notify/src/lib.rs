@@ -95,7 +95,8 @@ pub struct NotifyConfig {
     /// How often a running process saves its counters to the store and logs its rate,
     /// backlog, conflicts and lease takeovers; 0: only when it stops.
     pub report_ms: u64,
-    /// Garbage collection interval; 0 turns the background collector off.
+    /// The shortest time between the starts of two collection passes (a pass also waits
+    /// nine times as long as the last one took); 0 turns the background collector off.
     pub gc_interval_ms: u64,
     /// Seed of the scanners' random starts.
     pub seed: u64,
@@ -116,7 +117,7 @@ impl Default for NotifyConfig {
             gather_ms: 500,
             lease_ttl_ms: 30_000,
             report_ms: 10_000,
-            gc_interval_ms: 60_000,
+            gc_interval_ms: 10_000,
             seed: 0x0b5e,
         }
     }

@@ -26,6 +26,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::Bytes;
 use rand::rngs::SmallRng;
@@ -571,14 +572,33 @@ async fn heartbeat(shared: Arc<Shared>) {
     }
 }
 
+/// The collector's share of the time: a pass starts at most every `gc_interval_ms`, and
+/// waits after a pass at least this many times as long as the pass took, so that on a big
+/// store (a pass over 100k pages takes half a minute) collecting never takes more than a
+/// tenth of the time.
+const GC_SHARE: u32 = 10;
+
+/// The wait before the next collection pass, after one that took `took_ms`: what is left of
+/// `every_ms`, but at least `(GC_SHARE - 1) × took_ms`.
+fn gc_wait_ms(every_ms: u64, took_ms: u64) -> u64 {
+    every_ms.saturating_sub(took_ms).max(took_ms.saturating_mul(u64::from(GC_SHARE - 1)))
+}
+
+/// Collects old versions in passes over the store. Often enough that a row rewritten every
+/// few seconds (a page recrawled at a high rate) carries few old versions each time it is
+/// rewritten: the versions are bytes every rewrite writes again into sled's log, and at
+/// hundreds of refetches a second, collecting every minute let the log grow faster than
+/// sled's cleaner gives space back, where collecting every 10 s kept it flat.
 async fn collector(shared: Arc<Shared>) {
     let engine = shared.engine.clone();
     let every = engine.config().gc_interval_ms;
+    let mut wait = every;
     while !shared.stop.is_cancelled() {
         tokio::select! {
             _ = shared.stop.cancelled() => return,
-            _ = engine.client().clock().sleep_ms(every) => {}
+            _ = engine.client().clock().sleep_ms(wait) => {}
         }
+        let started = Instant::now();
         match gc::collect(engine.client(), engine.config().scan_batch).await {
             Ok(r) => tracing::debug!(?r, "garbage collection pass"),
             Err(e) => {
@@ -586,6 +606,8 @@ async fn collector(shared: Arc<Shared>) {
                 tracing::warn!(error = %e, "garbage collection failed");
             }
         }
+        let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        wait = gc_wait_ms(every, took);
     }
 }
 
@@ -604,6 +626,17 @@ mod tests {
         // Its own position and an unplaced scanner never count.
         assert!(!right_behind(1, &positions, &b("d"), &b("m")));
         assert!(!right_behind(2, &[b(""), b("")], &b("a"), &b("z")));
+    }
+
+    #[test]
+    fn the_collector_takes_at_most_a_tenth_of_the_time() {
+        // A quick pass: the next starts `every` after this one started.
+        assert_eq!(gc_wait_ms(10_000, 300), 9_700);
+        // A pass of 30 s (a big store): nine times as long before the next.
+        assert_eq!(gc_wait_ms(10_000, 30_000), 270_000);
+        assert_eq!(gc_wait_ms(10_000, 1_000), 9_000);
+        assert_eq!(gc_wait_ms(10_000, 2_000), 18_000);
+        assert_eq!(gc_wait_ms(u64::MAX, u64::MAX), u64::MAX);
     }
 
     #[test]
