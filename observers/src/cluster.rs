@@ -39,7 +39,7 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col, BlockEntry};
+use crate::model::{self, col, rows, BlockEntry};
 use crate::{export, forward, near, IndexError};
 
 pub struct Cluster;
@@ -88,10 +88,10 @@ impl Observer for Cluster {
         row: &Bytes,
         _column: &Bytes,
     ) -> Result<(), ObserverError> {
-        let Some(hash) = row.strip_prefix(b"c:").and_then(|h| std::str::from_utf8(h).ok()) else {
+        let Some(hash) = rows::CLUSTERS.key_of(row) else {
             return Ok(());
         };
-        let (start, end) = model::children("c:", hash);
+        let (start, end) = model::children(rows::CLUSTERS, hash);
         let rows = txn.scan(&start, &end, col::MEMBER).await?;
         choose(txn, row, hash, &rows).await
     }
@@ -140,7 +140,7 @@ pub async fn found(
 ) -> Result<bool, ObserverError> {
     let head = model::cluster_head(hash);
     let member = model::member(hash, url);
-    let (start, end) = model::children("c:", hash);
+    let (start, end) = model::children(rows::CLUSTERS, hash);
     if txn.scan_rows(&start, &end, col::MEMBER).await? != [member.clone()] {
         return Ok(false);
     }

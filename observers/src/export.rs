@@ -24,7 +24,7 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col, ExportLine, Meta};
+use crate::model::{self, col, ExportLine, Meta, PageKind};
 
 /// The cells of a page's row that its line is made from, and the line: a writer that
 /// refreshes many pages' lines reads these in one call first ([`cells`]).
@@ -43,7 +43,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
     let Some(url) = model::url_of(row) else { return Ok(()) };
     txn.get_many(&cells(std::slice::from_ref(row))).await?;
     let meta = model::get_json::<Meta>(txn, row, col::META).await?.unwrap_or_default();
-    if meta.kind != "page" {
+    if meta.kind != PageKind::Page {
         if model::delete_if_present(txn, row, col::EXPORT_LINE).await? {
             crate::search::queue(txn, url);
         }

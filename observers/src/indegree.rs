@@ -60,7 +60,7 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::{RangeScan, Transaction};
 
-use crate::model::{self, col, Meta};
+use crate::model::{self, col, rows, Meta};
 
 /// How many redirect hops an alias may be from its page (more than any redirect limit).
 pub const ALIAS_HOPS_MAX: usize = 16;
@@ -161,12 +161,7 @@ pub fn notify_inlinks_changed(txn: &mut Transaction, target: &str) {
 /// Whether a URL's inlinks are counted now: a page's, or an alias's (at its chain's end).
 async fn counted(txn: &Transaction, row: &Bytes) -> Result<bool, ObserverError> {
     let meta = model::get_json::<Meta>(txn, row, col::META).await?;
-    Ok(meta.is_some_and(|m| counts_inlinks(&m.kind)))
-}
-
-/// The kinds of URL whose inlinks [`InDegree`] counts.
-pub fn counts_inlinks(kind: &str) -> bool {
-    kind == "page" || kind == "redirect"
+    Ok(meta.is_some_and(|m| m.kind.counts_inlinks()))
 }
 
 /// The rows of a URL's ranges that its run reads, read in one call: its change rows, its
@@ -188,8 +183,11 @@ impl Ranges {
         aliases: bool,
         redirecting: bool,
     ) -> Result<Ranges, ObserverError> {
-        let (d, a, r) =
-            (model::children("d:", url), model::children("a:", url), model::children("r:", url));
+        let (d, a, r) = (
+            model::children(rows::DELTAS, url),
+            model::children(rows::ALIASES, url),
+            model::children(rows::REDIRECTS, url),
+        );
         let mut scans = Vec::new();
         if let Some(limit) = changes {
             scans.push(RangeScan::new(&d.0, &d.1, col::DELTA).first(limit));
@@ -435,7 +433,7 @@ async fn recount_extra(
     url: &str,
     sources: &BTreeSet<String>,
 ) -> Result<i64, ObserverError> {
-    let (start, end) = model::children("x:", url);
+    let (start, end) = model::children(rows::VIAS, url);
     let via: BTreeMap<String, i64> = txn
         .scan(&start, &end, col::VIA)
         .await?
@@ -477,7 +475,7 @@ fn set_adds(txn: &mut Transaction, url: &str, source: &str, was: bool, now: bool
 /// The other pages with an edge into `url` itself.
 async fn own_sources(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, ObserverError> {
     let mut sources: BTreeSet<String> =
-        model::child_keys(txn, "e:", url, col::EDGE).await?.into_iter().collect();
+        model::child_keys(txn, rows::EDGES, url, col::EDGE).await?.into_iter().collect();
     sources.remove(url);
     Ok(sources)
 }

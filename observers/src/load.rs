@@ -6,7 +6,7 @@ use bytes::Bytes;
 use perc_txn::{Client, TxnError};
 use url::Url;
 
-use crate::model::{self, col, CrawlScope, Want};
+use crate::model::{self, col, rows, CrawlScope, Want};
 use crate::IndexError;
 
 /// Rows written per loader transaction.
@@ -162,7 +162,7 @@ pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, IndexErr
 /// Every URL in the frontier, in order.
 pub async fn known_urls(client: &Client) -> Result<Vec<Url>, TxnError> {
     let t = client.begin().await?;
-    Ok(t.scan(b"p:", b"p;", col::WANT)
+    Ok(t.scan(rows::PAGES.start(), rows::PAGES.end(), col::WANT)
         .await?
         .into_iter()
         .filter_map(|(row, _)| model::url_of(&row).and_then(|u| Url::parse(u).ok()))

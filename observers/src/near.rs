@@ -33,7 +33,7 @@ use perc_txn::Transaction;
 
 use perc_crawl::simhash::{distance, NEAR_BITS_MAX};
 
-use crate::model::{self, col, BlockEntry, NEAR_LISTED_MAX};
+use crate::model::{self, col, rows, BlockEntry, NEAR_LISTED_MAX};
 use crate::IndexError;
 
 pub struct Near;
@@ -46,7 +46,7 @@ impl Observer for Near {
         row: &Bytes,
         _column: &Bytes,
     ) -> Result<(), ObserverError> {
-        let Some(hash) = row.strip_prefix(b"c:").and_then(|h| std::str::from_utf8(h).ok()) else {
+        let Some(hash) = rows::CLUSTERS.key_of(row) else {
             return Ok(());
         };
         let keys =

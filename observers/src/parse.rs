@@ -33,8 +33,8 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use crate::model::{self, col, Follow, Meta};
-use crate::{alias, dedup, export, indegree, invert};
+use crate::model::{self, col, Follow, Meta, PageKind};
+use crate::{alias, dedup, export, invert};
 
 pub struct Parse;
 
@@ -64,23 +64,23 @@ impl Observer for Parse {
             Some("text/html") | Some("application/xhtml+xml")
         );
         if let Some(error) = &head.error {
-            meta.kind = "other".into();
+            meta.kind = PageKind::Other;
             meta.reason = error.clone();
         } else if (300..400).contains(&status) && head.location.is_some() {
             let target = head.location.as_deref().map(perc_crawl::normalize).and_then(Result::ok);
             redirect(&mut meta, &mut follow, &url, target, &format!("HTTP {status}"));
         } else if !(200..300).contains(&status) {
-            meta.kind = "other".into();
+            meta.kind = PageKind::Other;
             meta.reason = format!("HTTP {status}");
         } else if !html {
-            meta.kind = "other".into();
+            meta.kind = PageKind::Other;
             meta.reason =
                 format!("not HTML ({})", head.content_type.as_deref().unwrap_or("no Content-Type"));
         } else {
             let parsed = perc_crawl::parse_for_index(&url, &body, head.charset.as_deref());
             let refresh = parsed.refresh.as_ref();
             if let Some(depth) = parsed.too_deep {
-                meta.kind = "other".into();
+                meta.kind = PageKind::Other;
                 meta.reason = format!(
                     "HTML nested more than {} elements deep ({depth} and more): not parsed",
                     perc_crawl::nesting::NESTING_MAX
@@ -89,7 +89,7 @@ impl Observer for Parse {
                 // A delay-0 refresh is a redirect, exactly as an HTTP one (spec §6.2).
                 redirect(&mut meta, &mut follow, &url, Some(target.clone()), "refresh");
             } else {
-                meta.kind = "page".into();
+                meta.kind = PageKind::Page;
                 meta.title = parsed.title;
                 meta.noindex = parsed.noindex;
                 meta.content_hash = perc_crawl::content_hash(&body);
@@ -114,15 +114,15 @@ impl Observer for Parse {
             }
         }
         let kind_before = model::get_json::<Meta>(txn, row, col::META).await?.map(|m| m.kind);
-        let counted_before = kind_before.as_deref().is_some_and(indegree::counts_inlinks);
-        if counted_before != indegree::counts_inlinks(&meta.kind) {
+        let counted_before = kind_before.is_some_and(PageKind::counts_inlinks);
+        if counted_before != meta.kind.counts_inlinks() {
             // indegree counts the inlinks of pages and redirects only (see its module).
             txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
         }
         if model::set_json_if_changed(txn, row, col::META, &meta).await? {
             export::run(txn, row).await?;
         }
-        if meta.kind == "page" {
+        if meta.kind == PageKind::Page {
             // A search document's body is the record an indexer reads when it drains, and
             // the loader that wrote the record queued nothing. An indexer that read a body
             // that was then replaced before its export ran, by one whose line is the same (a
@@ -179,18 +179,18 @@ fn redirect(
 ) {
     match target {
         Some(t) if !perc_crawl::urls::link_fits(url, &t) => {
-            meta.kind = "other".into();
+            meta.kind = PageKind::Other;
             meta.reason =
                 format!("{how} redirect to a URL of {} bytes, too long to keep", t.as_str().len());
         }
         Some(t) if t != *url => {
-            meta.kind = "redirect".into();
+            meta.kind = PageKind::Redirect;
             meta.reason = format!("{how} redirect to {t}");
             meta.redirect_to = Some(t.to_string());
             follow.redirect = Some(t.to_string());
         }
         _ => {
-            meta.kind = "other".into();
+            meta.kind = PageKind::Other;
             meta.reason = format!("{how} redirect to an invalid or identical location");
         }
     }

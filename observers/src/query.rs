@@ -5,13 +5,13 @@ use bytes::Bytes;
 use perc_txn::{Client, RangeScan};
 use url::Url;
 
-use crate::model::{self, col, ExportLine, Meta, Want};
+use crate::model::{self, col, rows, ExportLine, Meta, PageKind, Want};
 use crate::IndexError;
 
 /// How many pages the export holds (their lines are counted, not read with their inlinks).
 pub async fn page_count(client: &Client) -> Result<usize, IndexError> {
     let t = client.begin().await?;
-    Ok(t.scan_rows(b"p:", b"p;", col::EXPORT_LINE).await?.len())
+    Ok(t.scan_rows(rows::PAGES.start(), rows::PAGES.end(), col::EXPORT_LINE).await?.len())
 }
 
 /// What the index holds, each number saying what it counts (`perc status`, the crawl's
@@ -54,15 +54,15 @@ pub async fn report_since(
 ) -> Result<Report, IndexError> {
     let t = client.begin().await?;
     let mut r = Report {
-        pages: t.scan_rows(b"p:", b"p;", col::EXPORT_LINE).await?.len(),
+        pages: t.scan_rows(rows::PAGES.start(), rows::PAGES.end(), col::EXPORT_LINE).await?.len(),
         ..Report::default()
     };
     // The clusters, and the pages' records and wants: one call, one walk over the pages.
     let mut scanned = t
         .scan_each(&[
-            RangeScan::new(b"c:", b"c;", col::MEMBER),
-            RangeScan::new(b"p:", b"p;", col::META),
-            RangeScan::new(b"p:", b"p;", col::WANT),
+            RangeScan::new(rows::CLUSTERS.start(), rows::CLUSTERS.end(), col::MEMBER),
+            RangeScan::new(rows::PAGES.start(), rows::PAGES.end(), col::META),
+            RangeScan::new(rows::PAGES.start(), rows::PAGES.end(), col::WANT),
         ])
         .await?
         .into_iter();
@@ -93,7 +93,7 @@ pub async fn report_since(
             r.answered += 1;
             r.seeds_answered += usize::from(seed_rows.contains(row));
         }
-        if meta.kind != "page" {
+        if meta.kind != PageKind::Page {
             let class = reason_class(&meta);
             let examples = r.not_page_examples.entry(class.clone()).or_default();
             if examples.len() < NOT_PAGE_EXAMPLES {
@@ -122,7 +122,7 @@ const NOT_PAGE_EXAMPLES: usize = 3;
 /// Why a URL is not a page, as a label that groups alike reasons (no URLs in it).
 fn reason_class(meta: &Meta) -> String {
     let reason = meta.reason.as_str();
-    if meta.kind == "redirect" {
+    if meta.kind == PageKind::Redirect {
         return "redirect".into();
     }
     for (starts, label) in [
@@ -168,7 +168,7 @@ pub async fn export_each<E: From<IndexError>>(
     mut each: impl FnMut(ExportLine) -> Result<(), E>,
 ) -> Result<(), E> {
     let t = client.begin().await.map_err(IndexError::from)?;
-    let (mut from, end) = (Bytes::from_static(b"p:"), b"p;");
+    let (mut from, end) = (Bytes::from_static(rows::PAGES.start()), rows::PAGES.end());
     loop {
         let range = RangeScan::new(&from, end, col::EXPORT_LINE).first(EXPORT_PAGE);
         let page = t.scan_each(&[range]).await.map_err(IndexError::from)?.pop().unwrap_or_default();
@@ -255,14 +255,14 @@ pub async fn canonical(client: &Client, url: &Url) -> Result<Result<String, Stri
                     format!("{url} redirects to {current}, which is not known to this index")
                 }))
             }
-            Some(m) if m.kind == "page" => {
+            Some(m) if m.kind == PageKind::Page => {
                 let c = t
                     .get(&row, col::CANONICAL)
                     .await?
                     .map(|c| String::from_utf8_lossy(&c).into_owned());
                 return Ok(Ok(c.unwrap_or(current)));
             }
-            Some(m) if m.kind == "redirect" => current = m.redirect_to.unwrap_or_default(),
+            Some(m) if m.kind == PageKind::Redirect => current = m.redirect_to.unwrap_or_default(),
             Some(m) => return Ok(Err(format!("{current} is not a page: {}", m.reason))),
         }
     }

@@ -27,7 +27,7 @@
 use bytes::Bytes;
 use perc_txn::Transaction;
 
-use crate::model::{self, col, ExportLine};
+use crate::model::{self, col, rows, ExportLine};
 use crate::IndexError;
 
 /// Queue rows are spread over this many buckets (a byte of the URL's blake3), so that an
@@ -40,7 +40,7 @@ pub const BUCKETS: usize = 256;
 /// no write is lost, with no conflict check on either side (one row a URL, overwritten
 /// unchecked, could be deleted by an indexer that read it before the overwrite).
 pub fn queue_row(url: &str, start_ts: u64) -> Bytes {
-    Bytes::from(format!("q:{:02x}\0{url}\0{start_ts:016x}", bucket_of(url)))
+    Bytes::from(format!("{}{:02x}\0{url}\0{start_ts:016x}", rows::QUEUE.prefix(), bucket_of(url)))
 }
 
 /// The URL a queue row names.
@@ -56,8 +56,11 @@ fn bucket_of(url: &str) -> u8 {
 /// The range of a bucket's rows; of all of them for `None`.
 pub fn bucket_range(bucket: Option<u8>) -> (Vec<u8>, Vec<u8>) {
     match bucket {
-        Some(b) => (format!("q:{b:02x}\0").into_bytes(), format!("q:{b:02x}\u{1}").into_bytes()),
-        None => (b"q:".to_vec(), b"q;".to_vec()),
+        Some(b) => {
+            let q = rows::QUEUE.prefix();
+            (format!("{q}{b:02x}\0").into_bytes(), format!("{q}{b:02x}\u{1}").into_bytes())
+        }
+        None => (rows::QUEUE.start().to_vec(), rows::QUEUE.end().to_vec()),
     }
 }
 
@@ -174,7 +177,11 @@ pub async fn all_documents<E: From<IndexError>>(
     txn: &Transaction,
     mut each: impl FnMut(SearchDoc) -> Result<(), E>,
 ) -> Result<(), E> {
-    for (row, v) in txn.scan(b"p:", b"p;", col::EXPORT_LINE).await.map_err(IndexError::from)? {
+    for (row, v) in txn
+        .scan(rows::PAGES.start(), rows::PAGES.end(), col::EXPORT_LINE)
+        .await
+        .map_err(IndexError::from)?
+    {
         let line: ExportLine = serde_json::from_slice(&v).map_err(|e| {
             IndexError::corrupt(format!("export:line of {}", row.escape_ascii()), e)
         })?;

@@ -893,8 +893,11 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
         match perc_observers::page_info(&h.client, &old).await.unwrap() {
             perc_observers::PageInfo::NotAPage(m) => {
                 assert_eq!(
-                    (m.kind.as_str(), m.reason.as_str()),
-                    ("redirect", "refresh redirect to http://s.test/b")
+                    (m.kind, m.reason.as_str()),
+                    (
+                        perc_observers::model::PageKind::Redirect,
+                        "refresh redirect to http://s.test/b"
+                    )
                 )
             }
             other => panic!("a refresh redirect is no page: {other:?}"),

@@ -159,11 +159,32 @@ pub fn decode_raw(raw: &Bytes) -> Result<(RawHead, Bytes), String> {
     Ok((head, body))
 }
 
+/// What a fetched URL turned out to be (stored as "page", "redirect" or "other").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PageKind {
+    /// A 2xx `text/html` answer: a page of the export.
+    Page,
+    /// An HTTP redirect or a meta refresh of delay 0: an alias of where its chain ends.
+    Redirect,
+    /// Anything else (a 404, an image, a failure, robots.txt said no), with its reason.
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
+impl PageKind {
+    /// Whether its inlinks are counted (spec §6.3: in-degree counts fetched pages, and a
+    /// redirect passes its own on to where it ends).
+    pub fn counts_inlinks(self) -> bool {
+        matches!(self, PageKind::Page | PageKind::Redirect)
+    }
+}
+
 /// What the page is, as `perc page` shows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
-    /// "page", "redirect" or "other".
-    pub kind: String,
+    pub kind: PageKind,
     /// For anything but a page: why not.
     pub reason: String,
     pub status: Option<u16>,

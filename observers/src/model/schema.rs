@@ -76,6 +76,54 @@
 
 use bytes::Bytes;
 
+/// The kinds of row (the table above), each the prefix of its keys: the one place the
+/// prefixes are spelled.
+pub mod rows {
+    /// A kind of row: its keys are `<prefix><key>`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Prefix {
+        prefix: &'static str,
+        end: &'static str,
+    }
+
+    impl Prefix {
+        /// The prefix, as a key begins with it.
+        pub const fn prefix(self) -> &'static str {
+            self.prefix
+        }
+        /// The first key of the kind's range.
+        pub const fn start(self) -> &'static [u8] {
+            self.prefix.as_bytes()
+        }
+        /// The first key past every row of the kind.
+        pub const fn end(self) -> &'static [u8] {
+            self.end.as_bytes()
+        }
+        /// The key of `row` after the prefix, if it is a row of this kind.
+        pub fn key_of(self, row: &[u8]) -> Option<&str> {
+            std::str::from_utf8(row.strip_prefix(self.start())?).ok()
+        }
+    }
+
+    /// `:` ends every prefix; `;` is the byte after it.
+    const fn kind(prefix: &'static str, end: &'static str) -> Prefix {
+        Prefix { prefix, end }
+    }
+
+    pub const PAGES: Prefix = kind("p:", "p;");
+    pub const EDGES: Prefix = kind("e:", "e;");
+    pub const DELTAS: Prefix = kind("d:", "d;");
+    pub const VIAS: Prefix = kind("x:", "x;");
+    pub const ALIASES: Prefix = kind("a:", "a;");
+    pub const REDIRECTS: Prefix = kind("r:", "r;");
+    pub const CLUSTERS: Prefix = kind("c:", "c;");
+    pub const BANDS: Prefix = kind("s:", "s;");
+    pub const DUE: Prefix = kind("n:", "n;");
+    pub const QUEUE: Prefix = kind("q:", "q;");
+}
+
+use rows::*;
+
 pub mod col {
     pub const WANT: &[u8] = b"crawl:want";
     pub const RAW: &[u8] = b"crawl:raw";
@@ -120,23 +168,23 @@ pub mod col {
 }
 
 pub fn page(url: &str) -> Bytes {
-    Bytes::from(format!("p:{url}"))
+    Bytes::from(format!("{}{url}", PAGES.prefix()))
 }
 
 /// The URL of a page row.
 pub fn url_of(row: &[u8]) -> Option<&str> {
-    std::str::from_utf8(row.strip_prefix(b"p:")?).ok()
+    PAGES.key_of(row)
 }
 
 pub fn edge(target: &str, source: &str) -> Bytes {
-    Bytes::from(format!("e:{target}\0{source}"))
+    Bytes::from(format!("{}{target}\0{source}", EDGES.prefix()))
 }
 
 /// A row holding a not yet counted change of the edges from `source` into `target`, written
 /// by the transaction that started at `start_ts`: unique to it, so that writing it needs no
 /// conflict check (`set_unchecked`), and deleted by the target's indegree run that folds it.
 pub fn delta(target: &str, source: &str, start_ts: u64) -> Bytes {
-    Bytes::from(format!("d:{target}\0{source}\0{start_ts:016x}"))
+    Bytes::from(format!("{}{target}\0{source}\0{start_ts:016x}", DELTAS.prefix()))
 }
 
 /// The source of a change row ([`delta`]); a row of the older format (`d:<target>\0<source>`,
@@ -148,16 +196,17 @@ pub fn delta_source(row: &[u8]) -> Option<&str> {
 
 /// The row counting, for the page `end`, its aliases that `source` links to.
 pub fn via(end: &str, source: &str) -> Bytes {
-    Bytes::from(format!("x:{end}\0{source}"))
+    Bytes::from(format!("{}{end}\0{source}", VIAS.prefix()))
 }
 
 /// The row saying that `alias` redirects, through any number of hops, to the page `end`.
 pub fn alias_at(end: &str, alias: &str) -> Bytes {
-    Bytes::from(format!("a:{end}\0{alias}"))
+    Bytes::from(format!("{}{end}\0{alias}", ALIASES.prefix()))
 }
 
 /// The row range `[start, end)` of rows `<prefix><key>\0…`.
-pub fn children(prefix: &str, key: &str) -> (Vec<u8>, Vec<u8>) {
+pub fn children(kind: Prefix, key: &str) -> (Vec<u8>, Vec<u8>) {
+    let prefix = kind.prefix();
     (format!("{prefix}{key}\0").into_bytes(), format!("{prefix}{key}\u{1}").into_bytes())
 }
 
@@ -168,31 +217,33 @@ pub fn child_key(row: &[u8]) -> Option<&str> {
 }
 
 pub fn redirect_in(target: &str, source: &str) -> Bytes {
-    Bytes::from(format!("r:{target}\0{source}"))
+    Bytes::from(format!("{}{target}\0{source}", REDIRECTS.prefix()))
 }
 
 /// The recrawl's due-time index row of `url`, due at `ms` (ordered by time).
 pub fn due_row(ms: u64, url: &str) -> Bytes {
-    Bytes::from(format!("n:{ms:016x}\0{url}"))
+    Bytes::from(format!("{}{ms:016x}\0{url}", DUE.prefix()))
 }
 
 /// The due rows' range up to and including `ms`.
 pub fn due_until(ms: u64) -> (Vec<u8>, Vec<u8>) {
-    (b"n:".to_vec(), format!("n:{ms:016x}\u{1}").into_bytes())
+    (DUE.start().to_vec(), format!("{}{ms:016x}\u{1}", DUE.prefix()).into_bytes())
 }
 
 pub fn cluster_head(hash: &str) -> Bytes {
-    Bytes::from(format!("c:{hash}"))
+    Bytes::from(format!("{}{hash}", CLUSTERS.prefix()))
 }
 
 pub fn member(hash: &str, url: &str) -> Bytes {
-    Bytes::from(format!("c:{hash}\0{url}"))
+    Bytes::from(format!("{}{hash}\0{url}", CLUSTERS.prefix()))
 }
 
 /// The four band-index rows of a simhash: one per 16-bit block, so that clusters within 3
 /// bits share at least one (spec §6.4a).
 pub fn blocks(simhash: u64) -> [Bytes; 4] {
-    std::array::from_fn(|b| Bytes::from(format!("s:{b}{:04x}", (simhash >> (16 * b)) & 0xffff)))
+    std::array::from_fn(|b| {
+        Bytes::from(format!("{}{b}{:04x}", BANDS.prefix(), (simhash >> (16 * b)) & 0xffff))
+    })
 }
 
 /// One cluster in a `near:block` cell: its hash, simhash and canonical URL.
