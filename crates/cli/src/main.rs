@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
@@ -182,6 +182,11 @@ enum Command {
         #[arg(long)]
         listen: Option<String>,
     },
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell):
+    /// `perc completions bash > ~/.local/share/bash-completion/completions/perc`.
+    Completions { shell: clap_complete::Shell },
+    /// Print perc's manual page (roff): `perc man > perc.1 && man ./perc.1`.
+    Man,
     /// Serve the bundled demo site on 127.0.0.1, crawl it, and show what perc knows.
     Demo {
         /// The site directory.
@@ -361,9 +366,22 @@ macro_rules! existing {
 }
 
 async fn run(cli: Cli, stop: CancellationToken) -> Result<ExitCode> {
-    // Comparing two files needs no configuration and no store.
-    if let Command::Diff { old, new, json, limit } = &cli.command {
-        return diff(old, new, *json, *limit);
+    // Comparing two files, and describing perc, need no configuration and no store.
+    match &cli.command {
+        Command::Diff { old, new, json, limit } => return diff(old, new, *json, *limit),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "perc", &mut script);
+            std::io::stdout().write_all(&script)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            std::io::stdout().write_all(&page)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {}
     }
     let config = load_config(&cli)?;
     let where_ = match config.store.backend {
@@ -434,7 +452,9 @@ async fn dispatch(
             app.close().await?;
             result
         }
-        Command::Diff { .. } => unreachable!("handled before the configuration is read"),
+        Command::Diff { .. } | Command::Completions { .. } | Command::Man => {
+            unreachable!("handled before the configuration is read")
+        }
         Command::Canonical { url } => {
             let url = parse_url(&url)?;
             let app = existing!(config, Fetching::Offline);

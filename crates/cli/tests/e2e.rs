@@ -473,3 +473,24 @@ fn the_demo_run_twice_on_its_store_answers_the_same() {
     let second = answers(&ok(&perc(&data, &args)));
     assert_eq!(first, second);
 }
+
+/// `perc completions SHELL` and `perc man` describe every command, and need no store.
+#[test]
+fn completions_and_the_manual_page_name_every_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let none = tmp.path().join("no-store");
+    let commands = ["crawl", "replay", "diff", "canonical", "search", "serve", "completions"];
+    let bash = ok(&perc(&none, &["completions", "bash"]));
+    assert!(commands.iter().all(|c| bash.contains(c)), "{bash}");
+    let zsh = ok(&perc(&none, &["completions", "zsh"]));
+    assert!(zsh.starts_with("#compdef perc"), "{zsh}");
+    let fish = ok(&perc(&none, &["completions", "fish"]));
+    assert!(fish.contains("complete -c perc"), "{fish}");
+    let man = ok(&perc(&none, &["man"]));
+    assert!(man.contains(".TH perc"), "{man}");
+    assert!(commands.iter().all(|c| man.contains(c)), "{man}");
+    let out = perc(&none, &["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tcsh"));
+    assert!(!none.exists(), "describing perc creates no store");
+}
