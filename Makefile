@@ -9,18 +9,20 @@ run:
 
 # What the tests need beyond cargo: nextest runs them (checked first, before minutes of
 # building); the WARC tests check perc's WARCs with warcio, an independent validator from
-# Python's index; the status page's test drives Debian's chromium through chromedriver.
+# Python's index; the status page's test drives Debian's chromium through chromedriver; the
+# README's examples, run as written, use curl.
 # Fails, naming what is missing, if any cannot be had.
 deps:
 	@$(CARGO) nextest --version >/dev/null 2>&1 \
 	  || { echo "make deps: cargo-nextest is missing (cargo install cargo-nextest --locked)" >&2; exit 1; }
 	python3 -c 'import warcio' 2>/dev/null || python3 -m pip install --quiet warcio \
 	  || python3 -m pip install --quiet --break-system-packages warcio
-	command -v chromedriver >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
-	  || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; }
-	@for t in chromium chromedriver; do command -v $$t >/dev/null \
-	  || { echo "make deps: $$t is missing (Debian's chromium, chromium-driver)" >&2; exit 1; }; done
+	command -v chromedriver >/dev/null 2>&1 && command -v curl >/dev/null 2>&1 \
+	  || { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q chromium chromium-driver curl >/dev/null 2>&1 \
+	  || { apt-get update -q && apt-get install -y -q chromium chromium-driver curl; }; }
+	@for t in chromium chromedriver curl; do command -v $$t >/dev/null \
+	  || { echo "make deps: $$t is missing (Debian's chromium, chromium-driver, curl)" >&2; exit 1; }; done
 
 # Every test, every backend, every feature.
 # (Doc tests first, so that the run closes with nextest's summary of every test.)
