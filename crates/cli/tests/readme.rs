@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 mod common;
-use common::{finish, root, PERC};
+use common::{finish, ok, root, PERC};
 
 /// The `sh` blocks of the README's section `heading`, in order.
 fn blocks(heading: &str) -> Vec<String> {
@@ -36,16 +36,6 @@ fn bash(dir: &Path, script: &str, what: &str) -> Output {
     finish(cmd, what)
 }
 
-fn stdout(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
 /// A directory to run in, with the repository's fixtures in it.
 fn workdir() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
@@ -68,7 +58,7 @@ fn the_readme_examples_run_as_written() {
     let script = format!(
         "{serve_site}\nfor i in $(seq 300); do curl -sf -o /dev/null {site}/ && break; sleep 0.1; done\n{rest}"
     );
-    let out = stdout(&bash(tmp.path(), &script, "the README's crawl"), "the README's crawl");
+    let out = ok(&bash(tmp.path(), &script, "the README's crawl"));
     assert!(
         out.lines().any(|l| l == format!("{site}/about.html")),
         "the canonical of copy-of-about.html is about.html:\n{out}"
@@ -95,11 +85,10 @@ fn the_readme_examples_run_as_written() {
          {}",
         asks.join("\n")
     );
-    let out = stdout(&bash(tmp.path(), &script, "the README's serve"), "the README's serve");
+    let out = ok(&bash(tmp.path(), &script, "the README's serve"));
     assert!(out.contains(&format!("\"canonical\":\"{site}/about.html\"")), "{out}");
     assert!(out.contains("widget-care.html"), "search finds the care guide:\n{out}");
 
     // 3. The CI replay of the repository's fixture against its golden export.
-    let out = bash(workdir().path(), &blocks[2], "the README's replay");
-    stdout(&out, "the README's replay");
+    ok(&bash(workdir().path(), &blocks[2], "the README's replay"));
 }
