@@ -295,7 +295,7 @@ fn load_config(cli: &Cli) -> Result<config::Config> {
 }
 
 fn parse_url(raw: &str) -> Result<Url> {
-    perc_crawl::normalize(raw).map_err(|e| anyhow!(e))
+    perc_pipeline::normalize(raw).map_err(|e| anyhow!(e))
 }
 
 /// Reads a seed list (`-`: standard input) as it streams: one URL a line, `#` comments, blank
@@ -332,8 +332,8 @@ fn read_seeds(path: &Path, seeds_max: u64) -> Result<Vec<Url>> {
         if text.is_empty() {
             continue;
         }
-        let url = perc_crawl::normalize(text).map_err(|e| anyhow!("{name} line {n}: {e}"))?;
-        if perc_crawl::urls::had_userinfo(text) {
+        let url = perc_pipeline::normalize(text).map_err(|e| anyhow!("{name} line {n}: {e}"))?;
+        if perc_pipeline::had_userinfo(text) {
             say!("warning: {name} line {n}: credentials removed from the seed; perc never sends or stores them ({url})");
         }
         if seeds.len() as u64 >= seeds_max {
@@ -428,7 +428,7 @@ async fn dispatch(
             let scope = crawl_scope(&config, &seeds, &prefixes)?;
             let recorder = warc_out
                 .as_deref()
-                .map(|p| perc_crawl::warc::Recorder::create(p, append))
+                .map(|p| perc_pipeline::Recorder::create(p, append))
                 .transpose()?;
             let app =
                 Pipeline::open(config, Fetching::Live { warc_out: recorder }, Create::IfMissing)
@@ -1026,10 +1026,10 @@ async fn oracle(
         "serving timestamps; an oracle opened later on this store supersedes this one"
     );
     tokio::select! {
-        r = perc_oracle::serve(listener, oracle) => match r {
+        r = perc_pipeline::serve_oracle(listener, oracle) => match r {
             // Another oracle took over the table: not an error of this one, and nothing a
             // restart of this one would mend (exit 1, so a supervisor can tell).
-            Err(e) if e.get_ref().is_some_and(|i| i.is::<perc_oracle::OracleError>()) => {
+            Err(e) if e.get_ref().is_some_and(|i| i.is::<perc_pipeline::OracleError>()) => {
                 say!("perc oracle: {e}; stopping");
                 return Ok(ExitCode::from(1));
             }

@@ -613,8 +613,6 @@ fn disk_full_stops_the_crawl_with_one_clear_error_and_resumes_when_space_is_back
     assert_eq!(read("export.jsonl").replace(&site.base(), "http://demo.test/"), want);
 }
 
-/// The demo's robots.txt names a sitemap index: a gzip urlset (a page no followed link
-/// reaches, and a URL out of scope), a broken file and a missing one.
 /// Runs `script` with `sh` in a mount namespace of its own (as root, or as a user mapped to
 /// root), so that it may mount a small tmpfs on `$MNT` (`tmp/mnt`); it has `$OUT` (`tmp`),
 /// `$PERC`, `$CONFIG` (the test configuration) and `$SEEDS` (`seeds`). Fails the test with
@@ -682,6 +680,40 @@ fn serve_on_a_full_disk_exits_2_with_one_clear_error_and_serves_again_with_space
     assert_eq!(read("again.rc").trim(), "0", "{}", read("again.err"));
 }
 
+/// A command that opens the store on a full disk (sled writes as it opens, even for a read)
+/// says that the disk is full, once, and exits 2; once there is space it answers.
+#[test]
+fn a_full_disk_is_named_when_a_command_opens_the_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let site = Site::start(&root().join("fixtures/sites/demo"));
+    let s = seeds(tmp.path(), &[site.base()]);
+    std::fs::create_dir_all(tmp.path().join("mnt")).unwrap();
+    let script = r#"
+        set -u
+        mount -t tmpfs -o size=32m tmpfs "$MNT" || exit 90
+        perc() { "$PERC" --config "$CONFIG" --data "$MNT/store" "$@"; }
+        perc crawl --seeds "$SEEDS" > /dev/null 2> "$OUT/crawl.err" || exit 92
+        dd if=/dev/zero of="$MNT/filler" bs=4k 2>/dev/null
+        perc status > /dev/null 2> "$OUT/full.err"
+        echo $? > "$OUT/full.rc"
+        rm "$MNT/filler"
+        perc status > "$OUT/status.out" 2> "$OUT/again.err"
+        echo $? > "$OUT/again.rc"
+    "#;
+    in_mount_namespace(tmp.path(), script, &s, Duration::from_secs(120));
+    let read = |f: &str| std::fs::read_to_string(tmp.path().join(f)).unwrap();
+    let full_err = read("full.err");
+    assert_eq!(read("full.rc").trim(), "2", "{full_err}");
+    let errors: Vec<&str> = full_err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "one clear error: {full_err}");
+    assert!(errors[0].contains("no space left on device"), "{full_err}");
+    assert!(!full_err.contains("another perc process"), "no misleading hint: {full_err}");
+    assert_eq!(read("again.rc").trim(), "0", "{}", read("again.err"));
+    assert!(read("status.out").contains("pages"), "{}", read("status.out"));
+}
+
+/// The demo's robots.txt names a sitemap index: a gzip urlset (a page no followed link
+/// reaches, and a URL out of scope), a broken file and a missing one.
 #[test]
 fn sitemaps_seed_the_crawl_and_a_bad_one_is_a_warning_naming_it() {
     let tmp = tempfile::tempdir().unwrap();

@@ -33,10 +33,16 @@ pub use crate::compact::{compact, Compaction};
 pub use crate::config::{Backend, Config, ConfigError, MEMORY};
 pub use crate::error::{PipelineError, Result};
 pub use crate::open::{open_store, shared_oracle, sled_options, Builder, Create, Fetching};
+/// What a process around the pipeline needs of the layers below it: the URL rules a seed or
+/// a request's URL is checked by, the WARC recorder a crawl writes through, and the server
+/// of the timestamp oracle (`perc oracle`).
+pub use perc_crawl::urls::had_userinfo;
+pub use perc_crawl::{normalize, warc::Recorder};
 /// What the verbs hand back, from the layer that defines them.
 pub use perc_observers::model::{CrawlScope, ExportLine};
 pub use perc_observers::search::{Queued, SearchDoc};
 pub use perc_observers::{PageInfo, Report};
+pub use perc_oracle::{serve as serve_oracle, OracleError};
 
 pub struct Pipeline {
     pub store: Arc<dyn Store>,

@@ -14,7 +14,7 @@ use perc_crawl::{
 };
 use perc_notify::{client_for, Engine, RowLease, StoreLease};
 use perc_oracle::{LocalOracle, Oracle, RemoteOracle};
-use perc_store::{Coalesced, MemStore, SledOptions, SledStore, Store};
+use perc_store::{Coalesced, MemStore, SledOptions, SledStore, Store, StoreError};
 use perc_txn::{Clock, SystemClock, TxnConfig};
 
 use crate::config::{Backend, Config, MEMORY};
@@ -268,11 +268,12 @@ pub async fn open_store(config: &Config, create: Create) -> Result<Arc<dyn Store
                 data.display()
             )))?;
             let sled = SledStore::open(data, perc_notify::schema(), &sled_options(&config.store))
-                .map_err(|e| {
-                PipelineError::Setup(format!(
+                .map_err(|e| match e {
+                StoreError::OutOfSpace { .. } => PipelineError::OutOfSpace(e),
+                e => PipelineError::Setup(format!(
                     "{e} (is another perc process using {}?)",
                     data.display()
-                ))
+                )),
             })?;
             Ok(Arc::new(sled))
         }

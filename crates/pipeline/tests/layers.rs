@@ -30,15 +30,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("perc-search", &["perc-pipeline"]),
-    // The server, and a side door: perc-crawl's URL normalising for a request's URL.
-    ("perc-serve", &["perc-pipeline", "perc-search", "perc-crawl"]),
-    // The binary: the front door, the server, the search index, the synthetic web, and two
-    // side doors the front door does not cover yet (URL normalising and the WARC recorder
-    // in perc-crawl; the oracle server in perc-oracle).
-    (
-        "perc-cli",
-        &["perc-pipeline", "perc-serve", "perc-search", "perc-synth", "perc-crawl", "perc-oracle"],
-    ),
+    ("perc-serve", &["perc-pipeline", "perc-search"]),
+    // The binary: the front door, the server, the search index, the synthetic web.
+    ("perc-cli", &["perc-pipeline", "perc-serve", "perc-search", "perc-synth"]),
 ];
 
 /// A measuring tool may reach any layer it measures.

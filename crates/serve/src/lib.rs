@@ -653,7 +653,7 @@ fn urls(field: &str, raw: &[String]) -> Result<Vec<Url>, ApiError> {
     raw.iter()
         .enumerate()
         .map(|(i, u)| {
-            perc_crawl::normalize(u).map_err(|e| {
+            perc_pipeline::normalize(u).map_err(|e| {
                 ApiError::new(StatusCode::BAD_REQUEST, format!("{field}[{i}] {u:?}: {e}"))
             })
         })
@@ -802,7 +802,7 @@ fn optional_param(query: Option<&str>, name: &str, max: usize) -> Result<Option<
 /// The `url` parameter, normalized as the index keys it.
 fn url_param(query: Option<&str>, max: usize) -> Result<Url, ApiError> {
     let raw = param(query, "url", max)?;
-    perc_crawl::normalize(&raw)
+    perc_pipeline::normalize(&raw)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("url {raw:?}: {e}")))
 }
 

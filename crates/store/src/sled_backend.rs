@@ -121,6 +121,14 @@ pub(crate) fn open_db(path: &Path, config: &sled::Config) -> Result<sled::Db> {
             Err(e) if is_lock_error(&e) && waited.elapsed() < LOCK_WAIT => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
+            // sled writes as it opens (its log's next segment): on a full disk even a
+            // command that only reads cannot open the store, and says why.
+            Err(sled::Error::Io(e)) if is_out_of_space(&e) => {
+                return Err(StoreError::OutOfSpace {
+                    backend: "sled",
+                    detail: format!("cannot open the store at {}: {e}", path.display()),
+                });
+            }
             Err(e) => {
                 let why = if is_lock_error(&e) {
                     format!("another process (or a store not closed in this one) holds it ({e})")
