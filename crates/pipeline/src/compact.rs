@@ -2,8 +2,8 @@
 //! files rewritten from its live data (`perc_store::SledStore::compact`). sled gives back its
 //! log's space only slowly, so a store on disk is two to six times what it holds after a
 //! large load; a compaction makes it 1.1-3.2 times smaller (docs/benchmarks.md,
-//! "datapath" and "scaling"). Offline: the store must not be in use by another process (sled's lock file refuses
-//! a second opener).
+//! "datapath" and "scaling"). Offline: the store must not be in use by another process
+//! (sled's lock file refuses a second opener).
 
 use perc_store::{Compacted, SledStore};
 use perc_txn::gc::GcReport;
