@@ -91,7 +91,7 @@ impl Observer for Cluster {
         let Some(hash) = rows::CLUSTERS.key_of(row) else {
             return Ok(());
         };
-        let (start, end) = model::children(rows::CLUSTERS, hash);
+        let (start, end) = model::children(&rows::CLUSTERS, hash);
         let rows = txn.scan(&start, &end, col::MEMBER).await?;
         choose(txn, row, hash, &rows).await
     }
@@ -140,7 +140,7 @@ pub async fn found(
 ) -> Result<bool, ObserverError> {
     let head = model::cluster_head(hash);
     let member = model::member(hash, url);
-    let (start, end) = model::children(rows::CLUSTERS, hash);
+    let (start, end) = model::children(&rows::CLUSTERS, hash);
     if txn.scan_rows(&start, &end, col::MEMBER).await? != [member.clone()] {
         return Ok(false);
     }

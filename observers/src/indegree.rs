@@ -184,9 +184,9 @@ impl Ranges {
         redirecting: bool,
     ) -> Result<Ranges, ObserverError> {
         let (d, a, r) = (
-            model::children(rows::DELTAS, url),
-            model::children(rows::ALIASES, url),
-            model::children(rows::REDIRECTS, url),
+            model::children(&rows::DELTAS, url),
+            model::children(&rows::ALIASES, url),
+            model::children(&rows::REDIRECTS, url),
         );
         let mut scans = Vec::new();
         if let Some(limit) = changes {
@@ -433,7 +433,7 @@ async fn recount_extra(
     url: &str,
     sources: &BTreeSet<String>,
 ) -> Result<i64, ObserverError> {
-    let (start, end) = model::children(rows::VIAS, url);
+    let (start, end) = model::children(&rows::VIAS, url);
     let via: BTreeMap<String, i64> = txn
         .scan(&start, &end, col::VIA)
         .await?
@@ -475,7 +475,7 @@ fn set_adds(txn: &mut Transaction, url: &str, source: &str, was: bool, now: bool
 /// The other pages with an edge into `url` itself.
 async fn own_sources(txn: &Transaction, url: &str) -> Result<BTreeSet<String>, ObserverError> {
     let mut sources: BTreeSet<String> =
-        model::child_keys(txn, rows::EDGES, url, col::EDGE).await?.into_iter().collect();
+        model::child_keys(txn, &rows::EDGES, url, col::EDGE).await?.into_iter().collect();
     sources.remove(url);
     Ok(sources)
 }

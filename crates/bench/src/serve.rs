@@ -33,20 +33,14 @@ pub fn run(scale: f64) -> Result<()> {
     let pages = scaled(3000, scale) as usize;
     let tmp = tempfile::tempdir()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let site_dir = tmp.path().join("site");
-    let web = perc_synth::Web::new(perc_synth::Spec::new(pages, 11));
-    perc_synth::write::site(&web, &site_dir)?;
-    let site = rt.block_on(perc_cli::site::serve(&site_dir))?;
-    let base = site.base();
-    let urls: Vec<String> = (0..pages)
-        .map(|i| base.join(&perc_synth::Web::path(i)).map(String::from))
-        .collect::<Result<_, _>>()?;
+    let synth = SynthSite::serve(&rt, &tmp.path().join("site"), pages)?;
+    let urls = &synth.urls;
 
     let at = |name: &str| tmp.path().join(name);
-    let quiet = rt.block_on(crawl(&perc, &at("quiet"), &urls, 0, None, None))?;
+    let quiet = rt.block_on(crawl(&perc, &at("quiet"), urls, 0, None, None))?;
     let want = Some(quiet.pages);
-    let loaded = rt.block_on(crawl(&perc, &at("loaded"), &urls, CLIENTS, None, want))?;
-    let paced = rt.block_on(crawl(&perc, &at("paced"), &urls, CLIENTS, Some(PACE), want))?;
+    let loaded = rt.block_on(crawl(&perc, &at("loaded"), urls, CLIENTS, None, want))?;
+    let paced = rt.block_on(crawl(&perc, &at("paced"), urls, CLIENTS, Some(PACE), want))?;
     let fresh = rt.block_on(freshness(&perc, tmp.path()))?;
     let polled = rt.block_on(status_polling(&perc, tmp.path(), scaled(20_000, scale)))?;
 
@@ -132,13 +126,7 @@ struct Polled {
 async fn status_polling(perc: &Path, tmp: &Path, pages: u64) -> Result<Polled> {
     let warc = tmp.join("polled.warc.gz");
     let data = tmp.join("polled");
-    let ok = |c: &mut Command| -> Result<()> {
-        let out = c.stdout(Stdio::null()).output()?;
-        if !out.status.success() {
-            bail!("{c:?}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(())
-    };
+    let ok = run_quiet;
     let n = pages.to_string();
     ok(Command::new(perc).args(["generate", "--pages", &n, "--seed", "11", "--warc"]).arg(&warc))?;
     ok(Command::new(perc).arg("--data").arg(&data).arg("replay").arg(&warc))?;
@@ -147,7 +135,7 @@ async fn status_polling(perc: &Path, tmp: &Path, pages: u64) -> Result<Polled> {
     let t = Instant::now();
     status(&http, &served.base).await?;
     let first = t.elapsed().as_secs_f64();
-    let cpu = || crate::distributed::cpu_seconds(served.child.id());
+    let cpu = || crate::distributed::cpu_seconds(served.pid());
     let (cpu_before, start) = (cpu(), Instant::now());
     let until = start + Duration::from_secs(POLL_SECS);
     let polls = (0..POLLERS).map(|_| {
@@ -170,6 +158,36 @@ async fn status_polling(perc: &Path, tmp: &Path, pages: u64) -> Result<Polled> {
     let failed = done.iter().map(|(_, f)| f).sum();
     let answers = done.into_iter().flat_map(|(a, _)| a).collect();
     Ok(Polled { pages, first, answers, failed, cores })
+}
+
+/// A perc-synth web (seed 11) of `pages` pages written as a site into `dir` and served on
+/// loopback, with the URL of every page.
+pub(crate) struct SynthSite {
+    pub(crate) web: perc_synth::Web,
+    pub(crate) site: perc_cli::site::Served,
+    pub(crate) urls: Vec<String>,
+}
+
+impl SynthSite {
+    pub(crate) fn serve(rt: &tokio::runtime::Runtime, dir: &Path, pages: usize) -> Result<Self> {
+        let web = perc_synth::Web::new(perc_synth::Spec::new(pages, 11));
+        perc_synth::write::site(&web, dir)?;
+        let site = rt.block_on(perc_cli::site::serve(dir))?;
+        let base = site.base();
+        let urls = (0..pages)
+            .map(|i| base.join(&perc_synth::Web::path(i)).map(String::from))
+            .collect::<Result<_, _>>()?;
+        Ok(SynthSite { web, site, urls })
+    }
+}
+
+/// Runs a command to its end, its output dropped; its stderr in the error if it fails.
+pub(crate) fn run_quiet(c: &mut Command) -> Result<()> {
+    let out = c.stdout(Stdio::null()).output()?;
+    if !out.status.success() {
+        bail!("{c:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
 }
 
 /// The perc binary beside this one (`make bench` builds both).

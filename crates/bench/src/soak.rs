@@ -17,12 +17,12 @@
 //! samples are printed as a table, for a plot.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
-use crate::serve::{perc_binary, status, Served};
+use crate::serve::{perc_binary, run_quiet, status, Served, SynthSite};
 use crate::table::Table;
 
 /// The site's pages.
@@ -53,13 +53,7 @@ pub fn run(minutes: f64, extra: &[String]) -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let site_dir = tmp.path().join("site");
-    let web = perc_synth::Web::new(perc_synth::Spec::new(PAGES, 11));
-    perc_synth::write::site(&web, &site_dir)?;
-    let site = rt.block_on(perc_cli::site::serve(&site_dir))?;
-    let base = site.base();
-    let urls: Vec<String> = (0..PAGES)
-        .map(|i| base.join(&perc_synth::Web::path(i)).map(String::from))
-        .collect::<Result<_, _>>()?;
+    let SynthSite { web, site, urls } = SynthSite::serve(&rt, &site_dir, PAGES)?;
     // Every URL of the site is a seed (some pages are linked from none): the store knows
     // each, and a fresh crawl seeded with the same list is what the index must equal.
     let seeds = tmp.path().join("seeds.txt");
@@ -79,13 +73,7 @@ pub fn run(minutes: f64, extra: &[String]) -> Result<()> {
 
     // The end: the site holds still; every URL is fetched again; the index must equal a
     // fresh crawl of the final site from the same seeds.
-    let ok = |c: &mut Command| -> Result<()> {
-        let out = c.stdout(Stdio::null()).output()?;
-        if !out.status.success() {
-            bail!("{c:?}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(())
-    };
+    let ok = run_quiet;
     ok(Command::new(&perc).arg("--data").arg(&data).args(["refetch", "--all"]))?;
     let fresh = tmp.path().join("fresh");
     ok(Command::new(&perc)

@@ -26,7 +26,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use bytes::Bytes;
 use rand::rngs::SmallRng;
@@ -598,7 +597,8 @@ async fn collector(shared: Arc<Shared>) {
             _ = shared.stop.cancelled() => return,
             _ = engine.client().clock().sleep_ms(wait) => {}
         }
-        let started = Instant::now();
+        let clock = engine.client().clock();
+        let started = clock.now_ms();
         match gc::collect(engine.client(), engine.config().scan_batch).await {
             Ok(r) => tracing::debug!(?r, "garbage collection pass"),
             Err(e) => {
@@ -606,8 +606,7 @@ async fn collector(shared: Arc<Shared>) {
                 tracing::warn!(error = %e, "garbage collection failed");
             }
         }
-        let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        wait = gc_wait_ms(every, took);
+        wait = gc_wait_ms(every, clock.now_ms().saturating_sub(started));
     }
 }
 

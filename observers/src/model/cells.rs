@@ -24,7 +24,7 @@ pub fn count_of(raw: Option<Bytes>) -> Result<i64, IndexError> {
 /// The keys of the child rows `<prefix><key>\0<child>` that have `column`: the `<child>`s.
 pub async fn child_keys(
     txn: &Transaction,
-    kind: rows::Prefix,
+    kind: &'static rows::Prefix,
     key: &str,
     column: &[u8],
 ) -> Result<Vec<String>, TxnError> {
@@ -40,7 +40,7 @@ pub fn child_keys_of(rows: &[(Bytes, Bytes)]) -> Vec<String> {
 /// Every edge whose target is one of `names`, sorted by (from, to): a prefix scan of the
 /// `e:` rows per name, all in one call.
 pub async fn inlinks(txn: &Transaction, names: &[String]) -> Result<Vec<Inlink>, TxnError> {
-    let spans: Vec<(Vec<u8>, Vec<u8>)> = names.iter().map(|n| children(rows::EDGES, n)).collect();
+    let spans: Vec<(Vec<u8>, Vec<u8>)> = names.iter().map(|n| children(&rows::EDGES, n)).collect();
     let ranges: Vec<(&[u8], &[u8])> = spans.iter().map(|(s, e)| (&s[..], &e[..])).collect();
     let mut out = Vec::new();
     for (name, edges) in names.iter().zip(txn.scan_ranges(&ranges, col::EDGE).await?) {

@@ -79,47 +79,47 @@ use bytes::Bytes;
 /// The kinds of row (the table above), each the prefix of its keys: the one place the
 /// prefixes are spelled.
 pub mod rows {
-    /// A kind of row: its keys are `<prefix><key>`.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    /// A kind of row: its keys are `<letter>:<key>`.
+    #[derive(Debug, PartialEq, Eq)]
     pub struct Prefix {
-        prefix: &'static str,
-        end: &'static str,
+        /// `<letter>:`, and the key right after every row of the kind: `<letter>;`.
+        start: [u8; 2],
+        end: [u8; 2],
     }
 
     impl Prefix {
         /// The prefix, as a key begins with it.
-        pub const fn prefix(self) -> &'static str {
-            self.prefix
+        pub fn prefix(&'static self) -> &'static str {
+            std::str::from_utf8(&self.start).expect("an ASCII letter and a colon")
         }
         /// The first key of the kind's range.
-        pub const fn start(self) -> &'static [u8] {
-            self.prefix.as_bytes()
+        pub fn start(&'static self) -> &'static [u8] {
+            &self.start
         }
         /// The first key past every row of the kind.
-        pub const fn end(self) -> &'static [u8] {
-            self.end.as_bytes()
+        pub fn end(&'static self) -> &'static [u8] {
+            &self.end
         }
         /// The key of `row` after the prefix, if it is a row of this kind.
-        pub fn key_of(self, row: &[u8]) -> Option<&str> {
-            std::str::from_utf8(row.strip_prefix(self.start())?).ok()
+        pub fn key_of<'r>(&self, row: &'r [u8]) -> Option<&'r str> {
+            std::str::from_utf8(row.strip_prefix(&self.start[..])?).ok()
         }
     }
 
-    /// `:` ends every prefix; `;` is the byte after it.
-    const fn kind(prefix: &'static str, end: &'static str) -> Prefix {
-        Prefix { prefix, end }
+    const fn kind(letter: u8) -> Prefix {
+        Prefix { start: [letter, b':'], end: [letter, b':' + 1] }
     }
 
-    pub const PAGES: Prefix = kind("p:", "p;");
-    pub const EDGES: Prefix = kind("e:", "e;");
-    pub const DELTAS: Prefix = kind("d:", "d;");
-    pub const VIAS: Prefix = kind("x:", "x;");
-    pub const ALIASES: Prefix = kind("a:", "a;");
-    pub const REDIRECTS: Prefix = kind("r:", "r;");
-    pub const CLUSTERS: Prefix = kind("c:", "c;");
-    pub const BANDS: Prefix = kind("s:", "s;");
-    pub const DUE: Prefix = kind("n:", "n;");
-    pub const QUEUE: Prefix = kind("q:", "q;");
+    pub static PAGES: Prefix = kind(b'p');
+    pub static EDGES: Prefix = kind(b'e');
+    pub static DELTAS: Prefix = kind(b'd');
+    pub static VIAS: Prefix = kind(b'x');
+    pub static ALIASES: Prefix = kind(b'a');
+    pub static REDIRECTS: Prefix = kind(b'r');
+    pub static CLUSTERS: Prefix = kind(b'c');
+    pub static BANDS: Prefix = kind(b's');
+    pub static DUE: Prefix = kind(b'n');
+    pub static QUEUE: Prefix = kind(b'q');
 }
 
 use rows::*;
@@ -205,7 +205,7 @@ pub fn alias_at(end: &str, alias: &str) -> Bytes {
 }
 
 /// The row range `[start, end)` of rows `<prefix><key>\0…`.
-pub fn children(kind: Prefix, key: &str) -> (Vec<u8>, Vec<u8>) {
+pub fn children(kind: &'static Prefix, key: &str) -> (Vec<u8>, Vec<u8>) {
     let prefix = kind.prefix();
     (format!("{prefix}{key}\0").into_bytes(), format!("{prefix}{key}\u{1}").into_bytes())
 }
