@@ -371,8 +371,9 @@ fn after_a_kill_the_search_index_catches_up_with_the_store() {
     let data = tmp.path().join("data");
     let base = site.base();
     // An indexer that looks at its queue once, at the start (an empty store), then not for
-    // an hour: the crawl's pages stay queued.
+    // an hour: once that look is over, the crawl's pages stay queued.
     let server = Server::start(&data, &["--set", "search.tick_ms=3600000"]);
+    server.until("the indexer's first look", |s| s["search"]["indexed_ms"].is_u64());
     let token = std::fs::read_to_string(data.join("serve.token")).unwrap();
     let body = serde_json::json!({ "seeds": [site.base()] }).to_string();
     assert_eq!(server.post("/v1/seeds", Some(token.trim()), &body).0, 202);

@@ -124,6 +124,9 @@ pub struct SearchIndex {
     dir: String,
     /// The search queue's generation its documents are of (see [`BUILT`]).
     generation: std::sync::atomic::AtomicU64,
+    /// When the last [`SearchIndex::catch_up`] that finished began (the store's clock, ms);
+    /// 0 before the first.
+    caught_up_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Text fields are split into words, lowercased and stemmed as English ("caring" finds
@@ -169,6 +172,7 @@ impl SearchIndex {
             fields,
             dir: name,
             generation: Default::default(),
+            caught_up_ms: Default::default(),
         })
     }
 
@@ -196,6 +200,12 @@ impl SearchIndex {
     /// How many documents it holds (as of its last commit).
     pub fn len(&self) -> u64 {
         self.reader.searcher().num_docs()
+    }
+
+    /// When the last catch-up that finished began (the store's clock, ms): the index holds
+    /// every change committed before then. `None` before the first.
+    pub fn caught_up_ms(&self) -> Option<u64> {
+        Some(self.caught_up_ms.load(std::sync::atomic::Ordering::Acquire)).filter(|&ms| ms > 0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -288,9 +298,11 @@ impl SearchIndex {
         stop: &CancellationToken,
     ) -> Result<Option<(usize, usize)>> {
         let catching_up = async {
+            let began = pipeline.client.clock().now_ms().max(1);
             let generation = pipeline.search_generation().await?;
             let built = if self.is_built(generation)? { 0 } else { self.build(pipeline).await? };
             let applied = pipeline.drain_search(batch, |q| self.apply(q)).await??;
+            self.caught_up_ms.store(began, std::sync::atomic::Ordering::Release);
             Ok((built, applied))
         };
         tokio::select! {

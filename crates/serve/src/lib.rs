@@ -585,7 +585,11 @@ impl Served {
             // Caught up: no queue row waits (the indexer deletes its rows once its index
             // has committed what they asked for).
             let caught_up = self.app.search_caught_up().await?;
-            v["search"] = serde_json::json!({"documents": index.len(), "caught_up": caught_up});
+            v["search"] = serde_json::json!({
+                "documents": index.len(),
+                "caught_up": caught_up,
+                "indexed_ms": index.caught_up_ms(),
+            });
         }
         let (lag_ms, next) = self.app.recrawl_queue(NEXT_RECRAWLS).await?;
         let next: Vec<serde_json::Value> = next
