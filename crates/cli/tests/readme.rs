@@ -79,7 +79,7 @@ fn the_readme_examples_run_as_written() {
          PERC_SERVE_LISTEN=127.0.0.1:{api_port} {start_server} &\n\
          for i in $(seq 600); do\n\
            s=$(curl -sf http://127.0.0.1:{api_port}/v1/status || true)\n\
-           case $s in *'\"pages\":17'*'\"caught_up\":true'*|*'\"caught_up\":true'*'\"pages\":17'*) break;; esac\n\
+           case $s in *'\"pages\":17,\"parked\":0,\"pending\":0,'*'\"caught_up\":true'*) break;; esac\n\
            sleep 0.1\n\
          done\n\
          {}",
