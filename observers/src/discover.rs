@@ -58,8 +58,10 @@ impl Observer for Discover {
         if targets.is_empty() {
             return Ok(());
         }
-        let keys: Vec<(Bytes, Bytes)> =
-            targets.iter().map(|(t, _)| (model::page(t), Bytes::from_static(col::WANT))).collect();
+        let keys: Vec<(Bytes, Bytes)> = targets
+            .iter()
+            .map(|(t, _)| (model::fetch_row(t), Bytes::from_static(col::WANT)))
+            .collect();
         let known = txn.get_many(&keys).await?;
         let gen = txn.start_ts().0;
         for ((target, mut want), existing) in targets.into_iter().zip(known) {
@@ -71,7 +73,7 @@ impl Observer for Discover {
                 Some(_) => continue,
             }
             txn.set(
-                model::page(&target),
+                model::fetch_row(&target),
                 Bytes::from_static(col::WANT),
                 serde_json::to_vec(&want).expect("serializable"),
             );

@@ -1,14 +1,16 @@
 //! fetch: the crawl frontier becomes raw pages.
 //!
-//! - Trigger: `crawl:want` of `p:<url>` (strong), written by the loader and by discover.
-//! - Reads: the want (depth, hops) and the fetch state (`crawl:state`).
-//! - Writes: `crawl:raw` (status, headers, body; or the reason there is none), through the
+//! - Trigger: `crawl:want` of `f:<url>` (strong), written by the loader, by discover and by
+//!   `perc serve`'s scheduler.
+//! - Reads: the want (depth, hops) and the fetch state (`crawl:state`), both in `f:<url>`.
+//! - Writes: `crawl:raw` of `p:<url>` (status, headers, body; or the reason there is none), through the
 //!   [`Source`] it is handed (robots.txt and politeness live there), unless it is what the
 //!   last fetch wrote: a refetch answered 304 (it is conditional on the last `ETag` and
 //!   `Last-Modified`) or with the same head and body writes no new version and runs no
 //!   observer after it. Then the fetch state (when, the validators, the interval: halved
-//!   by a change, doubled by none, within the bounds `[recrawl]` gives the URL) and the URL's row in the
-//!   due-time index (`n:<next fetch ms>\0<url>`, which `perc serve`'s scheduler reads).
+//!   by a change, doubled by none, within the bounds `[recrawl]` gives the URL) in `f:<url>`,
+//!   and the URL's row in the due-time index (`n:<next fetch ms>\0<url>`, which `perc
+//!   serve`'s scheduler reads). An unchanged refetch writes only these small rows.
 //! - Notifies: parse, through `crawl:raw`.
 //! - Metrics: `perc_fetches_total{outcome}`, `perc_fetch_bytes_total` (this process's).
 //! - A fetch with no answer worth keeping (no response: no connection, a timeout, robots.txt
@@ -43,8 +45,11 @@ impl Observer for Fetch {
         row: &Bytes,
         _column: &Bytes,
     ) -> Result<(), ObserverError> {
-        let Some(url) = model::url_of(row) else { return Ok(()) };
+        // A notification of a page row's want is one a store of the earlier layout held:
+        // the upgrade moved its want to the fetch row, and notified that.
+        let Some(url) = model::url_of_fetch(row) else { return Ok(()) };
         let Some(want) = model::get_json::<Want>(txn, row, col::WANT).await? else { return Ok(()) };
+        let page = model::page(url);
         let url = url::Url::parse(url).map_err(|e| IndexError::BadRow {
             row: url.into(),
             problem: format!("not a URL: {e}"),
@@ -94,7 +99,7 @@ impl Observer for Fetch {
         // failed finds an answer stored (a page keeps its last version through an outage;
         // spec §11: nothing stored is lost). Only a new depth or hop count is written into it.
         let stored = match (not_modified || failure.is_some(), &state) {
-            (true, Some(_)) => match txn.get(row, col::RAW).await? {
+            (true, Some(_)) => match txn.get(&page, col::RAW).await? {
                 Some(raw) => Some(
                     model::decode_raw(&raw)
                         .map_err(|e| IndexError::corrupt(format!("crawl:raw of {url}"), e))?,
@@ -109,17 +114,17 @@ impl Observer for Fetch {
             Some((mut old, old_body)) => {
                 if (old.depth, old.hops) != (want.depth, want.hops) {
                     (old.depth, old.hops) = (want.depth, want.hops);
-                    write_raw(txn, row, &old, &old_body)
+                    write_raw(txn, &page, &old, &old_body)
                 } else {
                     state.as_ref().map(|s| s.written.clone()).unwrap_or_default()
                 }
             }
-            None if not_modified => write_raw(txn, row, &head, &body),
+            None if not_modified => write_raw(txn, &page, &head, &body),
             None => {
                 let print = fingerprint(&head, &body);
                 if state.as_ref().is_none_or(|s| s.written != print) {
                     txn.set(
-                        row.clone(),
+                        page.clone(),
                         Bytes::from_static(col::RAW),
                         model::encode_raw(&head, &body),
                     );

@@ -40,6 +40,7 @@ pub mod near;
 pub mod parse;
 mod query;
 pub mod search;
+mod upgrade;
 
 use std::sync::Arc;
 
@@ -52,6 +53,7 @@ pub use query::{
     canonical, export, export_each, fetch_state, page_count, page_info, report, report_since,
     PageInfo, Report,
 };
+pub use upgrade::{upgrade, Upgraded, LAYOUT};
 
 use model::col;
 
@@ -96,6 +98,12 @@ pub enum IndexError {
     /// A page row whose content an observer cannot work with (its URL does not parse).
     #[error("{row}: {problem}")]
     BadRow { row: String, problem: String },
+    /// A store written by a later perc, in a layout this one cannot read.
+    #[error(
+        "the store is of layout {found}, written by a later perc; this one reads layouts up \
+         to {reads}"
+    )]
+    Layout { found: u64, reads: u64 },
 }
 
 impl perc_txn::Retryable for IndexError {

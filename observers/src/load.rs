@@ -39,7 +39,7 @@ async fn want(client: &Client, seeds: &[Url]) -> Result<(), TxnError> {
                 for s in chunk {
                     let want = Want { depth: 0, gen, hops: 0 };
                     t.set(
-                        model::page(s.as_str()),
+                        model::fetch_row(s.as_str()),
                         Bytes::from_static(col::WANT),
                         serde_json::to_vec(&want).expect("serializable"),
                     );
@@ -92,11 +92,11 @@ pub async fn recrawl_due(client: &Client, now_ms: u64, limit: usize) -> Result<u
             for (row, _) in due {
                 t.delete(row.clone(), Bytes::from_static(col::DUE));
                 let Some(url) = model::child_key(&row) else { continue };
-                let page = model::page(url);
-                if let Some(mut want) = model::get_json::<Want>(&t, &page, col::WANT).await? {
+                let fetch = model::fetch_row(url);
+                if let Some(mut want) = model::get_json::<Want>(&t, &fetch, col::WANT).await? {
                     want.gen = gen;
                     t.set(
-                        page,
+                        fetch,
                         Bytes::from_static(col::WANT),
                         serde_json::to_vec(&want).expect("serializable"),
                     );
@@ -137,7 +137,7 @@ pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, IndexErr
                 let gen = t.start_ts().0;
                 let mut missing = Vec::new();
                 for u in chunk {
-                    let row = model::page(u.as_str());
+                    let row = model::fetch_row(u.as_str());
                     match model::get_json::<Want>(&t, &row, col::WANT).await? {
                         Some(mut want) => {
                             want.gen = gen;
@@ -162,10 +162,10 @@ pub async fn refetch(client: &Client, urls: &[Url]) -> Result<Vec<Url>, IndexErr
 /// Every URL in the frontier, in order.
 pub async fn known_urls(client: &Client) -> Result<Vec<Url>, TxnError> {
     let t = client.begin().await?;
-    Ok(t.scan(rows::PAGES.start(), rows::PAGES.end(), col::WANT)
+    Ok(t.scan(rows::FETCHES.start(), rows::FETCHES.end(), col::WANT)
         .await?
         .into_iter()
-        .filter_map(|(row, _)| model::url_of(&row).and_then(|u| Url::parse(u).ok()))
+        .filter_map(|(row, _)| model::url_of_fetch(&row).and_then(|u| Url::parse(u).ok()))
         .collect())
 }
 

@@ -136,7 +136,7 @@ impl Observer for Parse {
         model::set_json_if_changed(txn, row, col::LINKS, &links).await?;
         // Only a page the crawl reached (it is in the frontier) has links to follow: a replayed
         // page's run of discover would find no scope and do nothing.
-        if txn.get(row, col::WANT).await?.is_some() {
+        if txn.get(&model::fetch_row(url_text), col::WANT).await?.is_some() {
             model::set_json_if_changed(txn, row, col::FOLLOW, &follow).await?;
         }
         model::set_if_changed(txn, row, col::HASH, Bytes::from(meta.content_hash.clone())).await?;

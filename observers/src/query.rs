@@ -62,7 +62,7 @@ pub async fn report_since(
         .scan_each(&[
             RangeScan::new(rows::CLUSTERS.start(), rows::CLUSTERS.end(), col::MEMBER),
             RangeScan::new(rows::PAGES.start(), rows::PAGES.end(), col::META),
-            RangeScan::new(rows::PAGES.start(), rows::PAGES.end(), col::WANT),
+            RangeScan::new(rows::FETCHES.start(), rows::FETCHES.end(), col::WANT),
         ])
         .await?
         .into_iter();
@@ -105,7 +105,8 @@ pub async fn report_since(
     r.fetched = metas.len();
     let fetched: std::collections::BTreeSet<&Bytes> = metas.iter().map(|(row, _)| row).collect();
     for (row, raw) in wants {
-        if !fetched.contains(&row) {
+        let page = model::url_of_fetch(&row).map(model::page).unwrap_or_default();
+        if !fetched.contains(&page) {
             r.waiting += 1;
             continue;
         }
@@ -218,7 +219,7 @@ pub async fn fetch_state(
     url: &Url,
 ) -> Result<Option<model::FetchState>, IndexError> {
     let t = client.begin().await?;
-    model::get_json(&t, &model::page(url.as_str()), col::FETCH_STATE).await
+    model::get_json(&t, &model::fetch_row(url.as_str()), col::FETCH_STATE).await
 }
 
 pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, IndexError> {
@@ -233,7 +234,8 @@ pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, IndexErro
     if let Some(meta) = model::get_json::<Meta>(&t, &row, col::META).await? {
         return Ok(PageInfo::NotAPage(meta));
     }
-    if t.get(&row, col::WANT).await?.is_some() || t.get(&row, col::RAW).await?.is_some() {
+    let fetch = model::fetch_row(url.as_str());
+    if t.get(&fetch, col::WANT).await?.is_some() || t.get(&row, col::RAW).await?.is_some() {
         return Ok(PageInfo::Pending);
     }
     Ok(PageInfo::Unknown)

@@ -178,6 +178,16 @@ impl Builder {
         // One process, two clients: the registry shows them as the engine's process.
         client.set_process(engine_client.id());
         client.heartbeat().await?;
+        // A store an earlier perc wrote is brought to this one's layout before any run.
+        let upgraded = perc_observers::upgrade(&client).await?;
+        if upgraded.moved > 0 {
+            tracing::info!(
+                from = upgraded.from,
+                to = perc_observers::LAYOUT,
+                urls = upgraded.moved,
+                "upgraded the store's layout"
+            );
+        }
         // Many processes share a Bigtable table: they lease notifications in the store.
         let lease: Arc<dyn RowLease> = match config.store.backend {
             Backend::Sled | Backend::Memory => Arc::new(perc_notify::LocalLease::default()),

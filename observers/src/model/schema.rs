@@ -2,8 +2,11 @@
 //!
 //! ```text
 //!   row                    columns (transactional)                      written by
-//!   p:<url>                crawl:want   {depth, gen, hops}              loader, discover
-//!                          crawl:raw    fetch outcome + zstd body       fetch, replay loader
+//!   f:<url>                crawl:want   {depth, gen, hops}              loader, discover,
+//!                                                                       the scheduler
+//!                          crawl:state  the recrawl state: when, the    fetch
+//!                                       validators, the interval
+//!   p:<url>                crawl:raw    fetch outcome + zstd body       fetch, replay loader
 //!                          page:meta    kind, reason, title, noindex…   parse
 //!                          page:links   [[target, anchor]]              parse
 //!                          page:follow  {depth, hops, targets}          parse
@@ -60,7 +63,15 @@
 //!                                       may have changed; bb: a byte    forward (and the
 //!                                       of its blake3, in hex)          indexer's delete)
 //!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
+//!                          crawl:layout the store's layout version      the upgrade
+//!                                       ([`crate::upgrade`])
 //! ```
+//!
+//! A URL's frontier entry and recrawl state live in a row of their own (`f:`), not in its
+//! page row: a recrawl that finds the page unchanged rewrites that small row (the want, the
+//! fetch's state and ack), and the page row, which holds every stage's cells, only changes
+//! when the page does. An embedded store rewrites a row's whole record for any of its
+//! cells, so this is what keeps an unchanged recrawl's writes small.
 //!
 //! Inlinks live in rows of their own under the target's prefix, so that a page every page
 //! links to is many small rows, not one huge one; readers get them with a prefix scan. No
@@ -111,6 +122,7 @@ pub mod rows {
     }
 
     pub static PAGES: Prefix = kind(b'p');
+    pub static FETCHES: Prefix = kind(b'f');
     pub static EDGES: Prefix = kind(b'e');
     pub static DELTAS: Prefix = kind(b'd');
     pub static VIAS: Prefix = kind(b'x');
@@ -163,6 +175,7 @@ pub mod col {
     pub const EXPORT_DIRTY: &[u8] = b"export:dirty";
     pub const EXPORT_LINE: &[u8] = b"export:line";
     pub const SCOPE: &[u8] = b"crawl:scope";
+    pub const LAYOUT: &[u8] = b"crawl:layout";
     pub const SEARCH_QUEUED: &[u8] = b"search:queued";
     pub const SEARCH_GENERATION: &[u8] = b"search:generation";
 }
@@ -174,6 +187,16 @@ pub fn page(url: &str) -> Bytes {
 /// The URL of a page row.
 pub fn url_of(row: &[u8]) -> Option<&str> {
     PAGES.key_of(row)
+}
+
+/// The row of `url`'s frontier entry and recrawl state.
+pub fn fetch_row(url: &str) -> Bytes {
+    Bytes::from(format!("{}{url}", FETCHES.prefix()))
+}
+
+/// The URL of a fetch row ([`fetch_row`]).
+pub fn url_of_fetch(row: &[u8]) -> Option<&str> {
+    FETCHES.key_of(row)
 }
 
 pub fn edge(target: &str, source: &str) -> Bytes {
