@@ -214,7 +214,7 @@ pub fn std_docs_warc(out: &Path) -> Result<()> {
         bail!("no {}/std/index.html (rustup component add rust-docs)", html.display());
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let site = rt.block_on(perc_cli::site::serve(&html))?;
+    let site = rt.block_on(perc_synth::site::serve(&html))?;
     let scratch = tempfile::tempdir()?;
     let stem = out.to_string_lossy();
     let stem = stem.strip_suffix(".warc.gz").ok_or_else(|| anyhow!("{stem}: not a .warc.gz"))?;

@@ -77,6 +77,10 @@ enum Suite {
         /// How long (the record is of 120 minutes).
         #[arg(long, default_value_t = 120.0)]
         minutes: f64,
+        /// The site's pages (the record is of 3,000; more, with `--set
+        /// recrawl.max_interval_s=2`, makes a demand many times what the machine indexes).
+        #[arg(long, default_value_t = 3_000)]
+        pages: usize,
         /// A configuration key for the server, over the suite's own (repeatable):
         /// `--set workers.gc_interval_ms=10000`.
         #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
@@ -100,7 +104,7 @@ fn main() -> anyhow::Result<()> {
         Suite::SledLayout => layout::run(args.scale),
         Suite::StdDocsWarc { out } => datapath::std_docs_warc(&out),
         Suite::Serve => serve::run(args.scale),
-        Suite::Soak { minutes, sets } => soak::run(minutes, &sets),
+        Suite::Soak { minutes, pages, sets } => soak::run(minutes, pages, &sets),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
@@ -110,7 +114,7 @@ fn main() -> anyhow::Result<()> {
             layout::run(args.scale)?;
             serve::run(args.scale)?;
             scaling::run(args.scale)?;
-            soak::run(120.0 * args.scale, &[])
+            soak::run(120.0 * args.scale, 3_000, &[])
         }
     }
 }

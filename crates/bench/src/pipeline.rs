@@ -148,7 +148,7 @@ pub fn run(scale: f64) -> Result<()> {
         // Crawl: the same site served on 127.0.0.1.
         let dir = tempfile::tempdir()?;
         perc_synth::write::site(&web, dir.path())?;
-        let served = perc_cli::site::serve(dir.path()).await?;
+        let served = perc_synth::site::serve(dir.path()).await?;
         let base = served.base();
         let s = setup(Fetching::Live { warc_out: None }).await?;
         let seeds: Vec<Url> =

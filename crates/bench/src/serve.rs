@@ -164,7 +164,7 @@ async fn status_polling(perc: &Path, tmp: &Path, pages: u64) -> Result<Polled> {
 /// loopback, with the URL of every page.
 pub(crate) struct SynthSite {
     pub(crate) web: perc_synth::Web,
-    pub(crate) site: perc_cli::site::Served,
+    pub(crate) site: perc_synth::site::Served,
     pub(crate) urls: Vec<String>,
 }
 
@@ -172,7 +172,7 @@ impl SynthSite {
     pub(crate) fn serve(rt: &tokio::runtime::Runtime, dir: &Path, pages: usize) -> Result<Self> {
         let web = perc_synth::Web::new(perc_synth::Spec::new(pages, 11));
         perc_synth::write::site(&web, dir)?;
-        let site = rt.block_on(perc_cli::site::serve(dir))?;
+        let site = rt.block_on(perc_synth::site::serve(dir))?;
         let base = site.base();
         let urls = (0..pages)
             .map(|i| base.join(&perc_synth::Web::path(i)).map(String::from))
@@ -373,7 +373,7 @@ async fn freshness(perc: &Path, tmp: &Path) -> Result<Fresh> {
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/sites/demo");
     let dir = tmp.join("demo");
     copy_dir(&demo, &dir)?;
-    let site = perc_cli::site::serve(&dir).await?;
+    let site = perc_synth::site::serve(&dir).await?;
     let data = tmp.join("fresh");
     std::fs::create_dir_all(&data)?;
     let seeds = tmp.join("fresh.seeds");

@@ -25,11 +25,8 @@ use anyhow::{Context, Result};
 use crate::serve::{perc_binary, run_quiet, status, Served, SynthSite};
 use crate::table::Table;
 
-/// The site's pages.
-const PAGES: usize = 3_000;
 /// A change of 3% of the pages this often.
 const CHANGE_EVERY: Duration = Duration::from_secs(30);
-const CHANGED: usize = PAGES * 3 / 100;
 /// A sample this often.
 const SAMPLE_EVERY: Duration = Duration::from_secs(60);
 const MIB: f64 = 1024.0 * 1024.0;
@@ -48,12 +45,13 @@ struct Sample {
     not_ok: u64,
 }
 
-pub fn run(minutes: f64, extra: &[String]) -> Result<()> {
+pub fn run(minutes: f64, pages: usize, extra: &[String]) -> Result<()> {
     let perc = perc_binary()?;
     let tmp = tempfile::tempdir()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let site_dir = tmp.path().join("site");
-    let SynthSite { web, site, urls } = SynthSite::serve(&rt, &site_dir, PAGES)?;
+    let SynthSite { web, site, urls } = SynthSite::serve(&rt, &site_dir, pages)?;
+    let changed = pages * 3 / 100;
     // Every URL of the site is a seed (some pages are linked from none): the store knows
     // each, and a fresh crawl seeded with the same list is what the index must equal.
     let seeds = tmp.path().join("seeds.txt");
@@ -67,8 +65,16 @@ pub fn run(minutes: f64, extra: &[String]) -> Result<()> {
         "recrawl.tick_ms=200",
     ];
     sets.extend(extra.iter().map(String::as_str));
+    // The intervals in force (a later setting of a key wins): the demand they make.
+    let setting = |key: &str| -> Option<u64> {
+        sets.iter().rev().find_map(|s| s.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+    };
+    let (fastest, slowest) = (
+        setting("recrawl.min_interval_s").unwrap_or(2).max(1),
+        setting("recrawl.max_interval_s").unwrap_or(10).max(1),
+    );
     let server = Served::start(&perc, &data, &sets, Some(&seeds))?;
-    let samples = rt.block_on(soak(&server, &web, &site_dir, &data, &urls, minutes))?;
+    let samples = rt.block_on(soak(&server, &web, &site_dir, &data, &urls, changed, minutes))?;
     drop(server);
 
     // The end: the site holds still; every URL is fetched again; the index must equal a
@@ -104,7 +110,10 @@ pub fn run(minutes: f64, extra: &[String]) -> Result<()> {
             ),
         );
     }
-    t.print(&format!("perc serve soak: {PAGES} pages due every 2-10 s, {CHANGED} changing every 30 s, for {minutes} minutes (samples)"));
+    t.print(&format!(
+        "perc serve soak: {pages} pages due every {fastest}-{slowest} s, {changed} changing \
+         every 30 s, for {minutes} minutes (samples)"
+    ));
 
     let mut t = Table::new();
     let last_half: Vec<&Sample> = samples.iter().filter(|s| s.minute >= minutes / 2.0).collect();
@@ -138,7 +147,11 @@ pub fn run(minutes: f64, extra: &[String]) -> Result<()> {
     t.add(
         "fetch rate, mean after the first minute",
         format!("{mean_rate:.0}/s"),
-        format!("demand {}-{} fetches/s (every URL due every 2-10 s)", PAGES / 10, PAGES / 2),
+        format!(
+            "demand {}-{} fetches/s (every URL due every {fastest}-{slowest} s)",
+            pages as u64 / slowest,
+            pages as u64 / fastest
+        ),
     );
     let not_ok: u64 = samples.iter().map(|s| s.not_ok).sum();
     t.add(
@@ -163,6 +176,7 @@ async fn soak(
     site: &Path,
     data: &Path,
     urls: &[String],
+    changed: usize,
     minutes: f64,
 ) -> Result<Vec<Sample>> {
     let http = reqwest::Client::new();
@@ -194,7 +208,7 @@ async fn soak(
         }
         if Instant::now() >= next_change {
             next_change += CHANGE_EVERY;
-            let changes = web.change_set(CHANGED, u64::from(version));
+            let changes = web.change_set(changed, u64::from(version));
             perc_synth::write::apply_changes(web, site, &changes, version)?;
             version += 1;
         }

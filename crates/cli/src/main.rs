@@ -10,7 +10,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use perc_cli::site;
+use perc_synth::site;
 
 mod remote;
 use perc_pipeline::{config, diff, CrawlScope, Create, Fetching, Pipeline, PipelineError};

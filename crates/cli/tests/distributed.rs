@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use perc_bigtable::Emulator;
-use perc_cli::site;
+use perc_synth::site;
 
 mod common;
 

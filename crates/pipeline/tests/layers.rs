@@ -14,6 +14,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("perc-notify", &["perc-txn", "perc-oracle", "perc-store"]),
     ("perc-bigtable", &["perc-store"]),
     ("perc-crawl", &[]),
+    // The synthetic web and the static server of a site directory: a tool beside the layers.
     ("perc-synth", &["perc-crawl"]),
     // Observers see a transaction, never a store: no perc-store, no backend.
     ("perc-observers", &["perc-notify", "perc-txn", "perc-crawl"]),

@@ -1,5 +1,6 @@
 //! A deterministic synthetic web, for the scaling benchmarks and for trying perc on a site of
-//! any size (`perc generate`).
+//! any size (`perc generate`); [`write`] puts one on disk and [`site`] serves a directory
+//! on 127.0.0.1 (the demo, the test fixtures, the benchmarks' sites).
 //!
 //! Page `i` of a web is a pure function of `(seed, i, version)`: nothing is kept in memory, so
 //! a web of a million pages streams out page by page. What a web has, by default:
@@ -309,6 +310,7 @@ fn broken(body: String, rng: &mut StdRng) -> String {
     out
 }
 
+pub mod site;
 pub mod write;
 
 #[cfg(test)]

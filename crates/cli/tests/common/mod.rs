@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use perc_cli::site;
+use perc_synth::site;
 
 pub mod server;
 
