@@ -95,10 +95,10 @@ async fn replay_on_emulator(t: &mut Table, scale: f64, workers: usize) -> Result
     let mut engines = Vec::new();
     for _ in 0..workers {
         let worker = open().await?;
-        running.push(Workers::start(worker.engine.clone(), &tokio::runtime::Handle::current()));
-        engines.push(worker.engine.clone());
+        running.push(Workers::start(worker.engine().clone(), &tokio::runtime::Handle::current()));
+        engines.push(worker.engine().clone());
     }
-    let loader = open().await?.client;
+    let loader = open().await?.client().clone();
     let before = store.counts();
     let cpu_before = cpu_seconds(emulator.pid());
     let start = Instant::now();
@@ -166,15 +166,15 @@ async fn takeover_on_emulator(t: &mut Table, scale: f64) -> Result<()> {
     let web = perc_synth::Web::new(perc_synth::Spec::new(n, 7));
     let recorded: Vec<Recorded> =
         web.responses().map(|(url, response)| Recorded { url, response }).collect();
-    let loader = open(bt.clone()).await?.client;
+    let loader = open(bt.clone()).await?.client().clone();
     perc_observers::load_recorded(&loader, &recorded).await?;
     let doomed = open(frozen.clone()).await?;
     let survivor = open(bt.clone()).await?;
     let handle = tokio::runtime::Handle::current();
     // The doomed worker's tasks stay stuck on the frozen store: never shut down.
-    std::mem::forget(Workers::start(doomed.engine.clone(), &handle));
-    let running = Workers::start(survivor.engine.clone(), &handle);
-    let commits = |p: &Pipeline| p.engine.stats().iter().map(|s| s.commits).sum::<u64>();
+    std::mem::forget(Workers::start(doomed.engine().clone(), &handle));
+    let running = Workers::start(survivor.engine().clone(), &handle);
+    let commits = |p: &Pipeline| p.engine().stats().iter().map(|s| s.commits).sum::<u64>();
     let deadline = Instant::now() + Duration::from_secs(600);
     while commits(&doomed) < 50 {
         anyhow::ensure!(Instant::now() < deadline, "the doomed worker never got going");
@@ -190,7 +190,7 @@ async fn takeover_on_emulator(t: &mut Table, scale: f64) -> Result<()> {
             tokio::select! {
                 r = &mut done => { r?; break; }
                 _ = tokio::time::sleep(Duration::from_millis(5)) => {
-                    if first_takeover.is_none() && survivor.engine.lease_takeovers() > 0 {
+                    if first_takeover.is_none() && survivor.engine().lease_takeovers() > 0 {
                         first_takeover = Some(stopped.elapsed().as_secs_f64());
                     }
                 }
@@ -200,7 +200,7 @@ async fn takeover_on_emulator(t: &mut Table, scale: f64) -> Result<()> {
     let all_done = stopped.elapsed().as_secs_f64();
     running.shutdown().await;
     let indexed = perc_observers::page_count(&loader).await?;
-    let taken = survivor.engine.lease_takeovers();
+    let taken = survivor.engine().lease_takeovers();
     t.add(
         format!("a worker stops dead mid-replay of {n} pages; the other takes over"),
         match first_takeover {

@@ -132,7 +132,7 @@ pub fn run(scale: f64) -> Result<()> {
             format!("{indexed} pages indexed; {}", ops_note(before, s.store.counts(), indexed)),
         );
         t.add("replay / bare throughput", format!("{:.2}", bare / replay), "goal >= 0.5");
-        for st in s.pipeline.engine.stats() {
+        for st in s.pipeline.engine().stats() {
             t.add(
                 format!("replay: {} runs per indexed page", st.name),
                 format!("{:.2}", st.commits as f64 / indexed as f64),

@@ -123,10 +123,10 @@ pub fn one(pages: usize) -> Result<()> {
 async fn measure(pages: usize) -> Result<Figures> {
     let crate::pipeline::Setup { dir, store, pipeline } =
         crate::pipeline::setup(Fetching::Offline).await?;
-    let loader = pipeline.client.clone();
+    let loader = pipeline.client().clone();
     // Updates arrive while the workers run, as in `perc serve`: they are started here and
     // waited on after each load, rather than run to quiescence per command.
-    let workers = Workers::start(pipeline.engine.clone(), &tokio::runtime::Handle::current());
+    let workers = Workers::start(pipeline.engine().clone(), &tokio::runtime::Handle::current());
     let web = Web::new(Spec::new(pages, 11));
 
     // 1. Replay: stream the web in, the workers indexing as it arrives.
@@ -181,8 +181,8 @@ async fn measure(pages: usize) -> Result<Figures> {
     // opens it: other pages, new versions; a few first, unmeasured, to bring its index nodes
     // into the cache as a running process has them.
     let (store, pipeline) = crate::pipeline::open_in(dir.path(), Fetching::Offline).await?;
-    let loader = pipeline.client.clone();
-    let workers = Workers::start(pipeline.engine.clone(), &tokio::runtime::Handle::current());
+    let loader = pipeline.client().clone();
+    let workers = Workers::start(pipeline.engine().clone(), &tokio::runtime::Handle::current());
     updates(&loader, &store, &workers, &web, 7, UPDATES as u32, WARM_UPDATES).await?;
     let after_compact =
         updates(&loader, &store, &workers, &web, 6, (UPDATES + WARM_UPDATES) as u32, UPDATES)

@@ -505,7 +505,7 @@ fn a_loader_that_died_mid_commit_leaves_locks_the_rerun_waits_out_saying_so() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let dead = Pipeline::open(config, Fetching::Offline, Create::IfMissing).await.unwrap();
-        let mut t = dead.client.begin().await.unwrap();
+        let mut t = dead.client().begin().await.unwrap();
         for url in &urls[..10] {
             let row = perc_observers::model::page(url);
             let raw = bytes::Bytes::from_static(perc_observers::model::col::RAW);

@@ -44,13 +44,17 @@ pub use perc_observers::search::{Queued, SearchDoc};
 pub use perc_observers::{PageInfo, Report};
 pub use perc_oracle::{serve as serve_oracle, OracleError};
 
+/// One process's indexing system over one store: what [`Pipeline::open`] assembles, and
+/// the verbs the binary, the server, the benchmarks and the tests call. Its parts are
+/// reached through [`Pipeline::client`], [`Pipeline::engine`] and [`Pipeline::store`] by the
+/// layers that work below the verbs (the benchmarks, the tests).
 pub struct Pipeline {
-    pub store: Arc<dyn Store>,
+    store: Arc<dyn Store>,
     /// The calls that reached the store backend from this process, by kind.
     calls: Arc<perc_store::Counted<Arc<dyn Store>>>,
-    pub client: Client,
-    pub engine: Arc<Engine>,
-    pub config: Config,
+    client: Client,
+    engine: Arc<Engine>,
+    config: Config,
     /// The live fetcher's politeness layer, which counts requests per host (none offline).
     polite: Option<Arc<open::Polite>>,
     /// Where pages come from (the fetch observer's source): sitemaps are read through it.
@@ -652,6 +656,26 @@ impl Pipeline {
     /// The configuration it was opened with.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The transactions' client: loaders' commits are made durable before they return.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The engine that runs the observers.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// The store, as the transactions see it (calls counted, small writes coalesced).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Now on the pipeline's clock, in ms since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.client.clock().now_ms()
     }
 
     /// The canonical URL of a page, a duplicate or an alias; `Err` says what the URL is

@@ -278,7 +278,7 @@ async fn harness(web: &Web) -> Harness {
 
 async fn load(h: &Harness, url: &str, r: Response) {
     let rec = Recorded { url: Url::parse(url).unwrap(), response: r };
-    perc_observers::load_recorded(&h.client, &[rec]).await.unwrap();
+    perc_observers::load_recorded(&h.client(), &[rec]).await.unwrap();
 }
 
 /// A random small web over `n` URLs on one host, plus an outside host.
@@ -477,18 +477,18 @@ fn random_webs(k: u64) {
                 fetched.insert(u.clone(), r.clone());
                 load(&h, &u, r).await;
                 if rng.random_bool(0.4) {
-                    h.engine.step().await.unwrap();
+                    h.engine().step().await.unwrap();
                 }
                 if rng.random_bool(0.2) {
                     drain_into(&h, &mut mirror).await;
                 }
             }
-            let report = h.engine.run_until_quiet().await.unwrap();
+            let report = h.engine().run_until_quiet().await.unwrap();
             if report.parked + report.failed > 0 {
-                let failures = h.engine.failed_list().await.unwrap();
+                let failures = h.engine().failed_list().await.unwrap();
                 return Err(format!("{report:?} {failures:?}"));
             }
-            let got = show(&perc_observers::export(&h.client).await.unwrap());
+            let got = show(&perc_observers::export(&h.client()).await.unwrap());
             let want = show(&reference(&fetched));
             if got != want {
                 return Err(format!("incremental export differs\n got: {got}\nwant: {want}"));
@@ -516,7 +516,7 @@ fn a_body_that_goes_back_before_its_export_is_indexed_again() {
         let first = "<html><head><title>T</title></head><body><p>first words</p></body></html>";
         let second = "<html><head><title>T</title></head><body><p>other words</p></body></html>";
         load(&h, url, html(first.into())).await;
-        h.engine.run_until_quiet().await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
         let mut mirror = Mirror::new();
         drain_into(&h, &mut mirror).await;
         assert!(mirror[url].body.contains("first"), "{mirror:?}");
@@ -524,7 +524,7 @@ fn a_body_that_goes_back_before_its_export_is_indexed_again() {
         // The second body arrives; before any observer runs, a stage queues the page (as
         // indegree does when an edge into it changes) and an indexer drains it.
         load(&h, url, html(second.into())).await;
-        let mut txn = h.client.begin().await.unwrap();
+        let mut txn = h.client().begin().await.unwrap();
         perc_observers::search::queue(&mut txn, url);
         txn.commit().await.unwrap();
         drain_into(&h, &mut mirror).await;
@@ -532,7 +532,7 @@ fn a_body_that_goes_back_before_its_export_is_indexed_again() {
 
         // The first body comes back before the second was ever parsed.
         load(&h, url, html(first.into())).await;
-        h.engine.run_until_quiet().await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
         check_search(&h, &mut mirror).await.unwrap();
         assert!(mirror[url].body.contains("first"), "{mirror:?}");
     });
@@ -568,11 +568,11 @@ fn crawl_from_seeds_matches_the_reference_crawl() {
                 max_redirects: 2,
             };
             let h = harness(&web).await;
-            perc_observers::seed(&h.client, &[Url::parse(&urls[0]).unwrap()], &scope)
+            perc_observers::seed(&h.client(), &[Url::parse(&urls[0]).unwrap()], &scope)
                 .await
                 .unwrap();
-            h.engine.run_until_quiet().await.unwrap();
-            let got = perc_observers::export(&h.client).await.unwrap();
+            h.engine().run_until_quiet().await.unwrap();
+            let got = perc_observers::export(&h.client()).await.unwrap();
             let want = reference(&reference_crawl(&web, &[&urls[0]], &scope));
             assert_eq!(show(&got), show(&want), "crawl seed {seed}");
 
@@ -581,12 +581,12 @@ fn crawl_from_seeds_matches_the_reference_crawl() {
                 let u = urls[rng.random_range(0..urls.len())].clone();
                 web.set(&u, random_response(&mut rng, &urls, &mut bodies));
             }
-            let known = perc_observers::known_urls(&h.client).await.unwrap();
-            perc_observers::refetch(&h.client, &known).await.unwrap();
-            h.engine.run_until_quiet().await.unwrap();
-            let got = perc_observers::export(&h.client).await.unwrap();
+            let known = perc_observers::known_urls(&h.client()).await.unwrap();
+            perc_observers::refetch(&h.client(), &known).await.unwrap();
+            h.engine().run_until_quiet().await.unwrap();
+            let got = perc_observers::export(&h.client()).await.unwrap();
             // Everything once fetched stays known; the reference fetches the same set now.
-            let fetched: BTreeMap<String, Response> = perc_observers::known_urls(&h.client)
+            let fetched: BTreeMap<String, Response> = perc_observers::known_urls(&h.client())
                 .await
                 .unwrap()
                 .iter()
@@ -609,9 +609,9 @@ fn canonical_of_a_page_a_duplicate_an_alias_and_an_unknown_url() {
         load(&h, "http://s.test/longer-name", html(same)).await;
         load(&h, "http://s.test/c", html("<a href=/longer-name>x</a><a href=/old>y</a>".into())).await;
         load(&h, "http://s.test/old", redirect("http://s.test/a")).await;
-        h.engine.run_until_quiet().await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
         let canon = |u: &'static str| {
-            let client = h.client.clone();
+            let client = h.client().clone();
             async move { perc_observers::canonical(&client, &Url::parse(u).unwrap()).await.unwrap() }
         };
         // b and longer-name share a body; longer-name has an inlink, b has one from a.
@@ -675,7 +675,7 @@ fn a_cluster_of_one_is_not_told_of_its_page_and_a_cluster_of_two_is() {
         *hook.head.lock().unwrap() = Some(Bytes::from(format!("c:{hash}")));
         let told = || hook.told.swap(0, std::sync::atomic::Ordering::SeqCst);
         let line = |url: &'static str| {
-            let client = h.client.clone();
+            let client = h.client().clone();
             async move {
                 perc_observers::export(&client).await.unwrap().into_iter().find(|l| l.url == url)
             }
@@ -684,12 +684,12 @@ fn a_cluster_of_one_is_not_told_of_its_page_and_a_cluster_of_two_is() {
         load(&h, "http://s.test/s1", html("<a href=/x>1</a>".into())).await;
         load(&h, "http://s.test/s2", html("<p>no link yet</p>".into())).await;
         load(&h, "http://s.test/s3", html("<a href=/y>3</a>".into())).await;
-        h.engine.run_until_quiet().await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
         assert_eq!(told(), 0, "a new page's cluster is chosen for in the page's parse run");
         assert_eq!(line(x).await.expect("x exported").canonical, x);
 
         load(&h, "http://s.test/s2", html("<a href=/x>2</a>".into())).await;
-        h.engine.run_until_quiet().await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
         assert_eq!(line(x).await.expect("x exported").in_degree, 2);
         assert_eq!(told(), 0, "a cluster of one is not told of an in-degree");
 
@@ -697,7 +697,7 @@ fn a_cluster_of_one_is_not_told_of_its_page_and_a_cluster_of_two_is() {
         // them, so the inlinks of old-x show on x's line.
         load(&h, "http://s.test/old-x", redirect(x)).await;
         load(&h, "http://s.test/s4", html("<a href=/old-x>4</a>".into())).await;
-        h.engine.run_until_quiet().await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
         assert_eq!(told(), 0, "a cluster of one is not told of its page's names either");
         let x_line = line(x).await.expect("x exported");
         assert_eq!(x_line.in_degree, 3);
@@ -709,14 +709,14 @@ fn a_cluster_of_one_is_not_told_of_its_page_and_a_cluster_of_two_is() {
 
         // y, with one inlink, joins x's cluster; x, with three, stays its canonical.
         load(&h, y, html(body)).await;
-        h.engine.run_until_quiet().await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
         assert!(told() > 0, "a new member is told");
         assert_eq!(line(y).await.expect("y exported").canonical, x);
         // x loses its inlinks: the cluster, of two now, is told, and y becomes its canonical.
         load(&h, "http://s.test/s1", html("<p>1</p>".into())).await;
         load(&h, "http://s.test/s2", html("<p>2</p>".into())).await;
         load(&h, "http://s.test/s4", html("<p>4</p>".into())).await;
-        h.engine.run_until_quiet().await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
         assert!(told() > 0, "a cluster of two is told of an in-degree");
         assert_eq!(line(x).await.expect("x exported").canonical, y);
     });
@@ -738,8 +738,8 @@ fn two_first_members_of_a_new_cluster_at_once_make_one_commit_and_the_other_join
         load(&h, p, html(body.into())).await;
         load(&h, q, html(body.into())).await;
         let raw = Bytes::from_static(b"crawl:raw");
-        let mut tp = h.client.begin().await.unwrap();
-        let mut tq = h.client.begin().await.unwrap();
+        let mut tp = h.client().begin().await.unwrap();
+        let mut tq = h.client().begin().await.unwrap();
         for (txn, url) in [(&mut tp, p), (&mut tq, q)] {
             let row = Bytes::from(format!("p:{url}"));
             perc_observers::parse::Parse.observe(txn, &row, &raw).await.unwrap();
@@ -747,8 +747,8 @@ fn two_first_members_of_a_new_cluster_at_once_make_one_commit_and_the_other_join
         tp.commit().await.expect("the first choice commits");
         let err = tq.commit().await.expect_err("the second first choice conflicts");
         assert!(err.is_retryable(), "{err}");
-        h.engine.run_until_quiet().await.unwrap();
-        let lines = perc_observers::export(&h.client).await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
+        let lines = perc_observers::export(&h.client()).await.unwrap();
         let canonical =
             |url: &str| lines.iter().find(|l| l.url == url).map(|l| l.canonical.clone());
         assert_eq!(canonical(p).as_deref(), Some(p));
@@ -766,16 +766,16 @@ fn an_export_notification_left_by_an_earlier_version_still_makes_the_line() {
         let h = harness(&web).await;
         load(&h, "http://s.test/a", html("<title>a</title><a href=/b>b</a>".into())).await;
         load(&h, "http://s.test/b", html("<title>b</title>".into())).await;
-        h.engine.run_until_quiet().await.unwrap();
-        let want = perc_observers::export(&h.client).await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
+        let want = perc_observers::export(&h.client()).await.unwrap();
         let row = Bytes::from_static(b"p:http://s.test/b");
-        let mut txn = h.client.begin().await.unwrap();
+        let mut txn = h.client().begin().await.unwrap();
         txn.delete(row.clone(), Bytes::from_static(b"export:line"));
         txn.notify(row, Bytes::from_static(b"export:dirty"));
         txn.commit().await.unwrap();
-        assert_ne!(perc_observers::export(&h.client).await.unwrap(), want, "b's line is gone");
-        h.engine.run_until_quiet().await.unwrap();
-        assert_eq!(perc_observers::export(&h.client).await.unwrap(), want);
+        assert_ne!(perc_observers::export(&h.client()).await.unwrap(), want, "b's line is gone");
+        h.engine().run_until_quiet().await.unwrap();
+        assert_eq!(perc_observers::export(&h.client()).await.unwrap(), want);
     });
 }
 
@@ -804,7 +804,7 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
                 w.gc_interval_ms = 0;
             })
             .await;
-            let engine = h.engine.clone();
+            let engine = h.engine().clone();
             let workers =
                 perc_notify::Workers::start(engine.clone(), &tokio::runtime::Handle::current());
             let mut bodies = Vec::new();
@@ -838,7 +838,7 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
             if !failures.is_empty() {
                 return Err(format!("parked: {failures:?}"));
             }
-            let got = show(&perc_observers::export(&h.client).await.unwrap());
+            let got = show(&perc_observers::export(&h.client()).await.unwrap());
             let want = show(&reference(&fetched));
             if got != want {
                 return Err(format!(
@@ -867,12 +867,12 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
         let mut put = async |url: &str, r: Response| {
             fetched.insert(url.to_string(), r.clone());
             load(&h, url, r).await;
-            h.engine.run_until_quiet().await.unwrap();
-            let got = perc_observers::export(&h.client).await.unwrap();
+            h.engine().run_until_quiet().await.unwrap();
+            let got = perc_observers::export(&h.client()).await.unwrap();
             assert_eq!(show(&got), show(&reference(&fetched)), "after loading {url}");
         };
         let canon = async |u: &str| {
-            perc_observers::canonical(&h.client, &Url::parse(u).unwrap()).await.unwrap()
+            perc_observers::canonical(&h.client(), &Url::parse(u).unwrap()).await.unwrap()
         };
         let same = "<title>same</title><link rel=canonical href=/old>".to_string();
         put("http://s.test/a", html(same.clone())).await;
@@ -890,7 +890,7 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
         assert_eq!(canon("http://s.test/a").await, Ok("http://s.test/b".into()));
         assert_eq!(canon("http://s.test/old").await, Ok("http://s.test/b".into()));
         let old = Url::parse("http://s.test/old").unwrap();
-        match perc_observers::page_info(&h.client, &old).await.unwrap() {
+        match perc_observers::page_info(&h.client(), &old).await.unwrap() {
             perc_observers::PageInfo::NotAPage(m) => {
                 assert_eq!(
                     (m.kind, m.reason.as_str()),
@@ -917,7 +917,7 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
             canon("http://s.test/r1").await,
             Err("http://s.test/r1: too many redirects".into())
         );
-        let pages = perc_observers::export(&h.client).await.unwrap();
+        let pages = perc_observers::export(&h.client()).await.unwrap();
         let urls: Vec<&str> = pages.iter().map(|l| l.url.as_str()).collect();
         assert_eq!(
             urls,
@@ -955,20 +955,20 @@ fn a_shorter_path_to_a_page_is_no_change_of_it() {
             let s = perc_observers::fetch_state(client, b).await.unwrap().expect("fetched");
             (s.interval_s, s.changed, s.unchanged)
         }
-        perc_observers::seed(&h.client, std::slice::from_ref(&a), &scope("http://site.test/a"))
+        perc_observers::seed(&h.client(), std::slice::from_ref(&a), &scope("http://site.test/a"))
             .await
             .unwrap();
-        h.engine.run_until_quiet().await.unwrap();
-        assert_eq!(state(&h.client, &b).await, (86_400, 0, 0), "found at depth 1");
+        h.engine().run_until_quiet().await.unwrap();
+        assert_eq!(state(&h.client(), &b).await, (86_400, 0, 0), "found at depth 1");
         // b as a seed: depth 0, fetched again, the same page.
-        perc_observers::seed(&h.client, std::slice::from_ref(&b), &scope("http://site.test/b"))
+        perc_observers::seed(&h.client(), std::slice::from_ref(&b), &scope("http://site.test/b"))
             .await
             .unwrap();
-        h.engine.run_until_quiet().await.unwrap();
-        assert_eq!(state(&h.client, &b).await, (172_800, 0, 1), "a new depth is no change");
+        h.engine().run_until_quiet().await.unwrap();
+        assert_eq!(state(&h.client(), &b).await, (172_800, 0, 1), "a new depth is no change");
         web.set("http://site.test/b", html("<title>b</title><p>b, changed</p>".into()));
-        perc_observers::refetch(&h.client, std::slice::from_ref(&b)).await.unwrap();
-        h.engine.run_until_quiet().await.unwrap();
-        assert_eq!(state(&h.client, &b).await, (86_400, 1, 1), "a new body is");
+        perc_observers::refetch(&h.client(), std::slice::from_ref(&b)).await.unwrap();
+        h.engine().run_until_quiet().await.unwrap();
+        assert_eq!(state(&h.client(), &b).await, (86_400, 1, 1), "a new body is");
     });
 }

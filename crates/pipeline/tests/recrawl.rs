@@ -93,14 +93,14 @@ async fn fetch_state(app: &Pipeline, url: &str) -> serde_json::Value {
 
 async fn refetch_all(app: &Pipeline) {
     app.want_again(None).await.unwrap();
-    app.engine.run_until_quiet().await.unwrap();
+    app.engine().run_until_quiet().await.unwrap();
 }
 
 async fn crawl(app: &Pipeline, seed: &str) {
     let scope =
         CrawlScope { seeds: vec![seed.into()], prefixes: vec![], max_depth: 20, max_redirects: 5 };
-    perc_observers::seed(&app.client, &[Url::parse(seed).unwrap()], &scope).await.unwrap();
-    app.engine.run_until_quiet().await.unwrap();
+    perc_observers::seed(&app.client(), &[Url::parse(seed).unwrap()], &scope).await.unwrap();
+    app.engine().run_until_quiet().await.unwrap();
 }
 
 #[test]
@@ -205,11 +205,11 @@ fn the_recrawl_asks_for_nothing_while_the_index_is_behind() {
         assert_eq!(app.recrawl_due().await.unwrap(), 0);
         assert_eq!(app.recrawl_due().await.unwrap(), 0);
         // Once the index has caught up, the rest are asked for, a bounded share at a time.
-        app.engine.run_until_quiet().await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
         assert_eq!(app.recrawl_due().await.unwrap(), 3);
-        app.engine.run_until_quiet().await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
         assert_eq!(app.recrawl_due().await.unwrap(), 2, "the last two due");
-        app.engine.run_until_quiet().await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
         assert_eq!(app.recrawl_due().await.unwrap(), 0, "none due until the next interval");
     });
 }

@@ -53,7 +53,7 @@ async fn open(config: &Config) -> Result<Pipeline, perc_pipeline::PipelineError>
 
 /// Every cell of `column` in the rows of `kind`, by URL.
 async fn cells(app: &Pipeline, kind: &'static rows::Prefix, column: &[u8]) -> Vec<(String, Bytes)> {
-    let t = app.client.begin().await.unwrap();
+    let t = app.client().begin().await.unwrap();
     let found = t.scan(kind.start(), kind.end(), column).await.unwrap();
     found.into_iter().map(|(row, v)| (kind.key_of(&row).unwrap().to_string(), v)).collect()
 }
@@ -62,7 +62,7 @@ async fn cells(app: &Pipeline, kind: &'static rows::Prefix, column: &[u8]) -> Ve
 /// row with the fetch's ack, no layout version; and `D` wanted, not yet fetched.
 async fn as_the_earlier_layout(app: &Pipeline) {
     let moved = [col::WANT, col::FETCH_STATE];
-    let mut t = app.client.begin().await.unwrap();
+    let mut t = app.client().begin().await.unwrap();
     for column in moved {
         for (url, value) in cells(app, &rows::FETCHES, column).await {
             t.set(model::page(&url), Bytes::from_static(column), value);
@@ -74,7 +74,7 @@ async fn as_the_earlier_layout(app: &Pipeline) {
     t.delete(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::LAYOUT));
     t.commit().await.unwrap();
     // The fetches that served A, B and C acknowledged their wants at the page rows.
-    let mut t = app.client.begin().await.unwrap();
+    let mut t = app.client().begin().await.unwrap();
     for url in [A, B, C] {
         perc_notify::record_run(&mut t, &model::page(url), "fetch");
     }
@@ -93,8 +93,8 @@ fn a_store_of_the_earlier_layout_is_moved_over_when_it_opens() {
         let app = open(&config).await.unwrap();
         let scope =
             CrawlScope { seeds: vec![A.into()], prefixes: vec![], max_depth: 5, max_redirects: 5 };
-        perc_observers::seed(&app.client, &[Url::parse(A).unwrap()], &scope).await.unwrap();
-        app.engine.run_until_quiet().await.unwrap();
+        perc_observers::seed(&app.client(), &[Url::parse(A).unwrap()], &scope).await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
         let crawled = app.export_jsonl().await.unwrap();
         assert_eq!(crawled.len(), 3, "{crawled:#?}");
         let states = cells(&app, &rows::FETCHES, col::FETCH_STATE).await;
@@ -111,29 +111,29 @@ fn a_store_of_the_earlier_layout_is_moved_over_when_it_opens() {
         let wanted: Vec<String> =
             cells(&app, &rows::FETCHES, col::WANT).await.into_iter().map(|(u, _)| u).collect();
         assert_eq!(wanted, [A, B, C, D]);
-        let t = app.client.begin().await.unwrap();
+        let t = app.client().begin().await.unwrap();
         let layout = t.get(model::CONFIG_ROW, col::LAYOUT).await.unwrap();
         assert_eq!(layout.as_deref(), Some(perc_observers::LAYOUT.to_string().as_bytes()));
         drop(t);
 
         // The URL that was waiting is fetched; the others are the index they were.
-        app.engine.run_until_quiet().await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
         let with_d = app.export_jsonl().await.unwrap();
         assert_eq!(with_d.len(), 4, "{with_d:#?}");
         assert!(crawled.iter().all(|line| with_d.contains(line)), "{crawled:#?}\n{with_d:#?}");
 
         // A refetch of everything finds it unchanged: the moved states were read.
         app.want_again(None).await.unwrap();
-        app.engine.run_until_quiet().await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
         assert_eq!(app.export_jsonl().await.unwrap(), with_d);
-        let state = perc_observers::fetch_state(&app.client, &Url::parse(A).unwrap())
+        let state = perc_observers::fetch_state(&app.client(), &Url::parse(A).unwrap())
             .await
             .unwrap()
             .expect("A's state");
         assert_eq!((state.changed, state.unchanged), (0, 1), "{state:?}");
 
         // A store marked with a later layout is refused, and left as it is.
-        let mut t = app.client.begin().await.unwrap();
+        let mut t = app.client().begin().await.unwrap();
         t.set(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::LAYOUT), "3");
         t.commit().await.unwrap();
         app.close().await.unwrap();

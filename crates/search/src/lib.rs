@@ -298,7 +298,7 @@ impl SearchIndex {
         stop: &CancellationToken,
     ) -> Result<Option<(usize, usize)>> {
         let catching_up = async {
-            let began = pipeline.client.clock().now_ms().max(1);
+            let began = pipeline.now_ms().max(1);
             let generation = pipeline.search_generation().await?;
             let built = if self.is_built(generation)? { 0 } else { self.build(pipeline).await? };
             let applied = pipeline.drain_search(batch, |q| self.apply(q)).await??;

@@ -89,7 +89,7 @@ fn a_queue_nobody_drains_is_emptied_and_an_older_index_is_built_again() {
         // Rows that wait for an index of this generation are applied, with no build.
         site.0.lock().unwrap().insert(urls[3].clone(), page("again", &urls));
         app.want_again(Some(std::slice::from_ref(&Url::parse(&urls[3]).unwrap()))).await.unwrap();
-        app.engine.run_until_quiet().await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
         assert!(!app.search_caught_up().await.unwrap(), "a few rows wait");
         let (built, applied) = index.catch_up(&app, 100, &stop).await.unwrap().unwrap();
         assert_eq!(built, 0, "the index is of this generation");

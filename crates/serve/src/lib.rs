@@ -377,13 +377,13 @@ async fn sample_rates(served: &Served, stop: &CancellationToken) {
         let of = |name: &str| stats.iter().find(|s| s.name == name);
         (of("fetch").map_or(0, |s| s.runs), of("parse").map_or(0, |s| s.commits))
     };
-    let mut last = (served.app.client.clock().now_ms(), counts());
+    let mut last = (served.app.now_ms(), counts());
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(RATE_SAMPLE_MS)) => {}
         }
-        let now = (served.app.client.clock().now_ms(), counts());
+        let now = (served.app.now_ms(), counts());
         let secs = (now.0.saturating_sub(last.0) as f64 / 1000.0).max(0.001);
         let rate = Rate {
             ms: now.0,
@@ -564,7 +564,7 @@ impl Served {
         if let Some(read) = last.as_ref().filter(|r| r.ran.answers(arrived, Instant::now())) {
             return Ok((read.status.clone(), read.read_ms));
         }
-        let (started, read_ms) = (Instant::now(), self.app.client.clock().now_ms());
+        let (started, read_ms) = (Instant::now(), self.app.now_ms());
         let status = status_off_the_api(&self.app).await?;
         let ran = Span { started, ended: Instant::now() };
         *last = Some(StatusRead { ran, read_ms, status: status.clone() });
@@ -611,7 +611,7 @@ impl Served {
         let rates: Vec<Rate> =
             self.rates.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
         v["rates"] = serde_json::json!(rates);
-        v["now_ms"] = self.app.client.clock().now_ms().into();
+        v["now_ms"] = self.app.now_ms().into();
         Ok(v)
     }
 
@@ -1087,8 +1087,8 @@ mod tests {
                 ),
             })
             .collect();
-        perc_observers::load_recorded(&app.client, &recorded).await.unwrap();
-        app.engine.run_until_quiet().await.unwrap();
+        perc_observers::load_recorded(&app.client(), &recorded).await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
         Arc::new(Served {
             app: Arc::new(app),
             search: None,
