@@ -162,7 +162,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
         })
         .collect();
     // What a running store keeps after its collector has run.
-    perc_txn::gc::collect(&pipeline.client(), 4096).await?;
+    perc_txn::gc::collect(pipeline.client(), 4096).await?;
     pipeline.close().await?;
     let usage = sled.usage()?;
     let mut columns: Vec<(String, u64)> =

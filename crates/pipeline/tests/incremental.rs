@@ -278,7 +278,7 @@ async fn harness(web: &Web) -> Harness {
 
 async fn load(h: &Harness, url: &str, r: Response) {
     let rec = Recorded { url: Url::parse(url).unwrap(), response: r };
-    perc_observers::load_recorded(&h.client(), &[rec]).await.unwrap();
+    perc_observers::load_recorded(h.client(), &[rec]).await.unwrap();
 }
 
 /// A random small web over `n` URLs on one host, plus an outside host.
@@ -488,7 +488,7 @@ fn random_webs(k: u64) {
                 let failures = h.engine().failed_list().await.unwrap();
                 return Err(format!("{report:?} {failures:?}"));
             }
-            let got = show(&perc_observers::export(&h.client()).await.unwrap());
+            let got = show(&perc_observers::export(h.client()).await.unwrap());
             let want = show(&reference(&fetched));
             if got != want {
                 return Err(format!("incremental export differs\n got: {got}\nwant: {want}"));
@@ -568,11 +568,11 @@ fn crawl_from_seeds_matches_the_reference_crawl() {
                 max_redirects: 2,
             };
             let h = harness(&web).await;
-            perc_observers::seed(&h.client(), &[Url::parse(&urls[0]).unwrap()], &scope)
+            perc_observers::seed(h.client(), &[Url::parse(&urls[0]).unwrap()], &scope)
                 .await
                 .unwrap();
             h.engine().run_until_quiet().await.unwrap();
-            let got = perc_observers::export(&h.client()).await.unwrap();
+            let got = perc_observers::export(h.client()).await.unwrap();
             let want = reference(&reference_crawl(&web, &[&urls[0]], &scope));
             assert_eq!(show(&got), show(&want), "crawl seed {seed}");
 
@@ -581,12 +581,12 @@ fn crawl_from_seeds_matches_the_reference_crawl() {
                 let u = urls[rng.random_range(0..urls.len())].clone();
                 web.set(&u, random_response(&mut rng, &urls, &mut bodies));
             }
-            let known = perc_observers::known_urls(&h.client()).await.unwrap();
-            perc_observers::refetch(&h.client(), &known).await.unwrap();
+            let known = perc_observers::known_urls(h.client()).await.unwrap();
+            perc_observers::refetch(h.client(), &known).await.unwrap();
             h.engine().run_until_quiet().await.unwrap();
-            let got = perc_observers::export(&h.client()).await.unwrap();
+            let got = perc_observers::export(h.client()).await.unwrap();
             // Everything once fetched stays known; the reference fetches the same set now.
-            let fetched: BTreeMap<String, Response> = perc_observers::known_urls(&h.client())
+            let fetched: BTreeMap<String, Response> = perc_observers::known_urls(h.client())
                 .await
                 .unwrap()
                 .iter()
@@ -748,7 +748,7 @@ fn two_first_members_of_a_new_cluster_at_once_make_one_commit_and_the_other_join
         let err = tq.commit().await.expect_err("the second first choice conflicts");
         assert!(err.is_retryable(), "{err}");
         h.engine().run_until_quiet().await.unwrap();
-        let lines = perc_observers::export(&h.client()).await.unwrap();
+        let lines = perc_observers::export(h.client()).await.unwrap();
         let canonical =
             |url: &str| lines.iter().find(|l| l.url == url).map(|l| l.canonical.clone());
         assert_eq!(canonical(p).as_deref(), Some(p));
@@ -767,15 +767,15 @@ fn an_export_notification_left_by_an_earlier_version_still_makes_the_line() {
         load(&h, "http://s.test/a", html("<title>a</title><a href=/b>b</a>".into())).await;
         load(&h, "http://s.test/b", html("<title>b</title>".into())).await;
         h.engine().run_until_quiet().await.unwrap();
-        let want = perc_observers::export(&h.client()).await.unwrap();
+        let want = perc_observers::export(h.client()).await.unwrap();
         let row = Bytes::from_static(b"p:http://s.test/b");
         let mut txn = h.client().begin().await.unwrap();
         txn.delete(row.clone(), Bytes::from_static(b"export:line"));
         txn.notify(row, Bytes::from_static(b"export:dirty"));
         txn.commit().await.unwrap();
-        assert_ne!(perc_observers::export(&h.client()).await.unwrap(), want, "b's line is gone");
+        assert_ne!(perc_observers::export(h.client()).await.unwrap(), want, "b's line is gone");
         h.engine().run_until_quiet().await.unwrap();
-        assert_eq!(perc_observers::export(&h.client()).await.unwrap(), want);
+        assert_eq!(perc_observers::export(h.client()).await.unwrap(), want);
     });
 }
 
@@ -838,7 +838,7 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
             if !failures.is_empty() {
                 return Err(format!("parked: {failures:?}"));
             }
-            let got = show(&perc_observers::export(&h.client()).await.unwrap());
+            let got = show(&perc_observers::export(h.client()).await.unwrap());
             let want = show(&reference(&fetched));
             if got != want {
                 return Err(format!(
@@ -868,11 +868,11 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
             fetched.insert(url.to_string(), r.clone());
             load(&h, url, r).await;
             h.engine().run_until_quiet().await.unwrap();
-            let got = perc_observers::export(&h.client()).await.unwrap();
+            let got = perc_observers::export(h.client()).await.unwrap();
             assert_eq!(show(&got), show(&reference(&fetched)), "after loading {url}");
         };
         let canon = async |u: &str| {
-            perc_observers::canonical(&h.client(), &Url::parse(u).unwrap()).await.unwrap()
+            perc_observers::canonical(h.client(), &Url::parse(u).unwrap()).await.unwrap()
         };
         let same = "<title>same</title><link rel=canonical href=/old>".to_string();
         put("http://s.test/a", html(same.clone())).await;
@@ -890,7 +890,7 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
         assert_eq!(canon("http://s.test/a").await, Ok("http://s.test/b".into()));
         assert_eq!(canon("http://s.test/old").await, Ok("http://s.test/b".into()));
         let old = Url::parse("http://s.test/old").unwrap();
-        match perc_observers::page_info(&h.client(), &old).await.unwrap() {
+        match perc_observers::page_info(h.client(), &old).await.unwrap() {
             perc_observers::PageInfo::NotAPage(m) => {
                 assert_eq!(
                     (m.kind, m.reason.as_str()),
@@ -917,7 +917,7 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
             canon("http://s.test/r1").await,
             Err("http://s.test/r1: too many redirects".into())
         );
-        let pages = perc_observers::export(&h.client()).await.unwrap();
+        let pages = perc_observers::export(h.client()).await.unwrap();
         let urls: Vec<&str> = pages.iter().map(|l| l.url.as_str()).collect();
         assert_eq!(
             urls,
@@ -955,20 +955,20 @@ fn a_shorter_path_to_a_page_is_no_change_of_it() {
             let s = perc_observers::fetch_state(client, b).await.unwrap().expect("fetched");
             (s.interval_s, s.changed, s.unchanged)
         }
-        perc_observers::seed(&h.client(), std::slice::from_ref(&a), &scope("http://site.test/a"))
+        perc_observers::seed(h.client(), std::slice::from_ref(&a), &scope("http://site.test/a"))
             .await
             .unwrap();
         h.engine().run_until_quiet().await.unwrap();
-        assert_eq!(state(&h.client(), &b).await, (86_400, 0, 0), "found at depth 1");
+        assert_eq!(state(h.client(), &b).await, (86_400, 0, 0), "found at depth 1");
         // b as a seed: depth 0, fetched again, the same page.
-        perc_observers::seed(&h.client(), std::slice::from_ref(&b), &scope("http://site.test/b"))
+        perc_observers::seed(h.client(), std::slice::from_ref(&b), &scope("http://site.test/b"))
             .await
             .unwrap();
         h.engine().run_until_quiet().await.unwrap();
-        assert_eq!(state(&h.client(), &b).await, (172_800, 0, 1), "a new depth is no change");
+        assert_eq!(state(h.client(), &b).await, (172_800, 0, 1), "a new depth is no change");
         web.set("http://site.test/b", html("<title>b</title><p>b, changed</p>".into()));
-        perc_observers::refetch(&h.client(), std::slice::from_ref(&b)).await.unwrap();
+        perc_observers::refetch(h.client(), std::slice::from_ref(&b)).await.unwrap();
         h.engine().run_until_quiet().await.unwrap();
-        assert_eq!(state(&h.client(), &b).await, (86_400, 1, 1), "a new body is");
+        assert_eq!(state(h.client(), &b).await, (86_400, 1, 1), "a new body is");
     });
 }

@@ -99,7 +99,7 @@ async fn refetch_all(app: &Pipeline) {
 async fn crawl(app: &Pipeline, seed: &str) {
     let scope =
         CrawlScope { seeds: vec![seed.into()], prefixes: vec![], max_depth: 20, max_redirects: 5 };
-    perc_observers::seed(&app.client(), &[Url::parse(seed).unwrap()], &scope).await.unwrap();
+    perc_observers::seed(app.client(), &[Url::parse(seed).unwrap()], &scope).await.unwrap();
     app.engine().run_until_quiet().await.unwrap();
 }
 

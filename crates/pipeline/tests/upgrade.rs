@@ -93,7 +93,7 @@ fn a_store_of_the_earlier_layout_is_moved_over_when_it_opens() {
         let app = open(&config).await.unwrap();
         let scope =
             CrawlScope { seeds: vec![A.into()], prefixes: vec![], max_depth: 5, max_redirects: 5 };
-        perc_observers::seed(&app.client(), &[Url::parse(A).unwrap()], &scope).await.unwrap();
+        perc_observers::seed(app.client(), &[Url::parse(A).unwrap()], &scope).await.unwrap();
         app.engine().run_until_quiet().await.unwrap();
         let crawled = app.export_jsonl().await.unwrap();
         assert_eq!(crawled.len(), 3, "{crawled:#?}");
@@ -126,7 +126,7 @@ fn a_store_of_the_earlier_layout_is_moved_over_when_it_opens() {
         app.want_again(None).await.unwrap();
         app.engine().run_until_quiet().await.unwrap();
         assert_eq!(app.export_jsonl().await.unwrap(), with_d);
-        let state = perc_observers::fetch_state(&app.client(), &Url::parse(A).unwrap())
+        let state = perc_observers::fetch_state(app.client(), &Url::parse(A).unwrap())
             .await
             .unwrap()
             .expect("A's state");

@@ -1087,7 +1087,7 @@ mod tests {
                 ),
             })
             .collect();
-        perc_observers::load_recorded(&app.client(), &recorded).await.unwrap();
+        perc_observers::load_recorded(app.client(), &recorded).await.unwrap();
         app.engine().run_until_quiet().await.unwrap();
         Arc::new(Served {
             app: Arc::new(app),
