@@ -7,10 +7,17 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use perc_pipeline::{config, PipelineError};
+use url::Url;
+
+use crate::args::Command;
+use crate::files::Replacement;
+use crate::input::{parse_url, read_seeds, search_limit};
+use crate::local::print_hits;
 
 /// A running `perc serve` on this store.
 pub struct Served {
@@ -141,4 +148,115 @@ impl Served {
 pub fn json(answer: Answer) -> Result<serde_json::Value> {
     let body = answer.ok()?;
     serde_json::from_str(&body).context("perc serve answered something that is not JSON")
+}
+
+/// A command on a store that `perc serve` holds, through its API (see [`remote`]).
+pub(crate) async fn through_server(
+    command: Command,
+    config: &config::Config,
+    served: &Served,
+) -> Result<ExitCode> {
+    let not_found = |answer: &Answer| -> Option<ExitCode> {
+        (answer.status == 404).then(|| {
+            say!("{}", answer.message());
+            ExitCode::from(1)
+        })
+    };
+    match command {
+        Command::Status => {
+            let text = served.get("/v1/status", &[("format", "text")]).await?.ok()?;
+            out!("{}", text.trim_end());
+        }
+        Command::Canonical { url } => {
+            let url = parse_url(&url)?;
+            let answer = served.get("/v1/canonical", &[("url", url.as_str())]).await?;
+            if let Some(code) = not_found(&answer) {
+                return Ok(code);
+            }
+            let v = json(answer)?;
+            out!("{}", v["canonical"].as_str().unwrap_or_default());
+        }
+        Command::Page { url } => {
+            let url = parse_url(&url)?;
+            let answer = served.get("/v1/page", &[("url", url.as_str())]).await?;
+            if let Some(code) = not_found(&answer) {
+                return Ok(code);
+            }
+            out!("{}", answer.ok()?.trim_end());
+        }
+        Command::Export { out } => {
+            let n = if out.as_os_str() == "-" {
+                let mut f = std::io::BufWriter::new(std::io::stdout().lock());
+                let n = served.export(&mut f).await?;
+                f.flush()?;
+                n
+            } else {
+                let mut tmp = Replacement::create(&out)?;
+                let n = served.export(&mut tmp.file).await?;
+                tmp.finish()?;
+                out!("exported {n} pages to {}", out.display());
+                n
+            };
+            tracing::debug!(lines = n, "exported through perc serve");
+        }
+        Command::Search { query, limit } => {
+            let (q, limit) = (query.join(" "), search_limit(config, limit)?.to_string());
+            let answer = served.get("/v1/search", &[("q", &q), ("limit", &limit)]).await?;
+            let hits: Vec<perc_search::Hit> = serde_json::from_value(json(answer)?["hits"].take())
+                .context("perc serve's search hits")?;
+            return print_hits(&q, hits);
+        }
+        Command::Refetch { urls, all } => {
+            let body = if all {
+                serde_json::json!({ "all": true })
+            } else {
+                if urls.is_empty() {
+                    bail!("refetch needs URLs, or --all");
+                }
+                let urls: Vec<String> =
+                    urls.iter().map(|u| parse_url(u).map(String::from)).collect::<Result<_>>()?;
+                serde_json::json!({ "urls": urls })
+            };
+            let v = json(served.post("/v1/refetch", &body).await?)?;
+            let unknown = v["unknown"].as_array().cloned().unwrap_or_default();
+            for u in &unknown {
+                say!(
+                    "warning: {} is not known to this index; not fetched",
+                    u.as_str().unwrap_or("")
+                );
+            }
+            out!(
+                "perc serve at {} fetches {} pages again (it indexes them as they come)",
+                served.base(),
+                v["refetching"]
+            );
+            return Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) });
+        }
+        Command::Crawl { seeds, prefixes, warc_out, .. } => {
+            if warc_out.is_some() {
+                bail!(
+                    "--warc-out: perc serve at {} holds this store and records nothing; stop it \
+                     to crawl with --warc-out",
+                    served.base()
+                );
+            }
+            let seeds = read_seeds(&seeds, config.crawl.seeds_max)?;
+            let seeds: Vec<&str> = seeds.iter().map(Url::as_str).collect();
+            let body = serde_json::json!({ "seeds": seeds, "prefixes": prefixes });
+            let v = json(served.post("/v1/seeds", &body).await?)?;
+            for u in v["outside_scope"].as_array().into_iter().flatten() {
+                say!(
+                    "warning: the seed {} is outside the prefixes: fetched, its links not followed",
+                    u.as_str().unwrap_or("")
+                );
+            }
+            out!(
+                "perc serve at {} crawls {} seeds (perc status shows how far it is)",
+                served.base(),
+                v["seeds"]
+            );
+        }
+        _ => unreachable!("only the commands that ask the index go through a server"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
