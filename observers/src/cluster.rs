@@ -12,7 +12,7 @@
 //!   `cluster:alone`, in one call.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
 //!   canonical changed, with the member's `dedup:registered` written back unchanged (see
-//!   [`hold_membership`]); and each member's `cluster:alone` ([`mark_alone`]: the cluster's
+//!   [`model::signals::hold_membership`]); and each member's `cluster:alone` ([`mark_alone`]: the cluster's
 //!   hash on the member of a cluster of one, absent on the members of a larger one). The
 //!   canonical is the member with the most votes (each member's
 //!   declared canonical is a vote for the member it names, by URL or alias; one naming no
@@ -40,7 +40,7 @@ use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
 use crate::model::{self, col, rows, BlockEntry};
-use crate::{export, forward, near, IndexError};
+use crate::{export, forward, IndexError};
 
 pub struct Cluster;
 
@@ -67,17 +67,6 @@ fn mark_alone(txn: &mut Transaction, members: &[String], marks: &[Option<&Bytes>
             txn.delete(model::page(m), Bytes::from_static(col::ALONE));
         }
     }
-}
-
-/// Writes back, unchanged, the registration of a member whose row this run writes
-/// (`dedup:registered` = the cluster's hash, as the membership row just read says): a write
-/// skew otherwise. dedup may move the page to another cluster after this snapshot, whose run
-/// may then find nothing to change on the page's row and write nothing there; this run's
-/// stale write to the row would stand. Writing the cell dedup writes turns the skew into a
-/// write-write conflict, so this run retries and sees the move. indegree holds a page's
-/// registration the same way when it tells the page's cluster.
-pub fn hold_membership(txn: &mut Transaction, member_row: &Bytes, hash: impl Into<Bytes>) {
-    txn.set(member_row.clone(), Bytes::from_static(col::HASH_REGISTERED), hash);
 }
 
 #[async_trait]
@@ -128,9 +117,9 @@ impl Observer for Cluster {
 ///   there was none.
 /// - The member's cells that the choice reads and others write: its `indeg:names` and
 ///   `indeg:indeg` are written by its indegree run, which writes the page's
-///   `dedup:registered` back whenever it changes either (see [`hold_membership`]), a cell
+///   `dedup:registered` back whenever it changes either (see [`model::signals::hold_membership`]), a cell
 ///   this transaction writes, so the two conflict; `page:declared` is this transaction's
-///   own. The rest are written only by cluster runs, which [`hold_membership`] keeps off a
+///   own. The rest are written only by cluster runs, which [`model::signals::hold_membership`] keeps off a
 ///   page that moved.
 pub async fn found(
     txn: &mut Transaction,
@@ -222,7 +211,7 @@ async fn choose(
         if cell(i, 1).map(|c| &c[..]) != Some(canonical.as_bytes()) {
             let member_row = model::page(m);
             txn.set(member_row.clone(), Bytes::from_static(col::CANONICAL), canonical.clone());
-            hold_membership(txn, &member_row, hash.to_string());
+            model::signals::hold_membership(txn, &member_row, hash.to_string());
             moved.push(member_row);
         }
     }
@@ -277,10 +266,10 @@ async fn publish(
         let mut entries = cell.as_deref().map(model::block_entries).unwrap_or_default();
         entries.retain(|e| e.hash != hash);
         if let Some(was) = &was {
-            near::add_near(&mut near_was, was, &entries);
+            model::add_near(&mut near_was, was, &entries);
         }
         if let Some(entry) = &entry {
-            near::add_near(&mut near_now, entry, &entries);
+            model::add_near(&mut near_now, entry, &entries);
             if new_blocks.as_ref().is_some_and(|b| b.contains(row)) {
                 let at = entries.partition_point(|e| e.hash.as_str() < hash);
                 entries.insert(at, entry.clone());
@@ -291,7 +280,7 @@ async fn publish(
             None => txn.delete(row.clone(), Bytes::from_static(col::BLOCK)),
         }
     }
-    near::write_list(txn, head, list.as_ref(), &near_now)?;
+    model::write_near_list(txn, head, list.as_ref(), &near_now)?;
     let mut told: Vec<&str> = near_was.iter().chain(&near_now).map(|e| e.hash.as_str()).collect();
     told.sort_unstable();
     told.dedup();

@@ -17,14 +17,13 @@
 //!   changed (its document's anchors are those of the names' inlinks).
 //! - Notifies: nobody (the export line's inlinks are joined when it is read).
 //! - Writes back each written member's `dedup:registered` unchanged, as cluster does (see
-//!   [`cluster::hold_membership`]).
+//!   [`model::signals::hold_membership`]).
 //! - Twice is harmless: a function of the current rows, written only when different.
 
 use bytes::Bytes;
 use perc_notify::ObserverError;
 use perc_txn::Transaction;
 
-use crate::cluster;
 use crate::model::{self, col};
 
 /// The stage, in the cluster head's transaction: `members` of the cluster of `hash`, with
@@ -54,7 +53,7 @@ pub async fn run(
             false
         };
         if wrote {
-            cluster::hold_membership(txn, &row, hash.to_string());
+            model::signals::hold_membership(txn, &row, hash.to_string());
         }
     }
     Ok(())

@@ -5,7 +5,7 @@
 //! its number of aliases: every run folds the changes left for it since the last run.
 //!
 //! - Trigger: `indeg:dirty` of `p:<url>` (weak: set by invert on every change of the page's
-//!   inlinks unless the URL was never parsed ([`notify_inlinks_changed`]), by parse when the page starts or stops redirecting or being a page, by alias
+//!   inlinks unless the URL was never parsed ([`model::signals::inlinks_changed`]), by parse when the page starts or stops redirecting or being a page, by alias
 //!   when its registration moves, and by the runs below; a popular page is a hot row).
 //! - **A URL not fetched, or fetched but neither a page nor a redirect** (most link targets
 //!   of a crawl), whose inlinks were not counted at an alias's end: no counting. Its
@@ -136,26 +136,6 @@ impl Observer for InDegree {
         }
         Ok(())
     }
-}
-
-/// The columns of a URL's row that say whether [`InDegree`] may count its inlinks: a URL on
-/// which neither was ever written (never parsed, never an alias) is not counted, and the
-/// parse run that makes it a page or a redirect notifies its run (`page:meta` is written
-/// first by parse, `indeg:alias_of` only by a run that counted).
-const COUNTED_PROBES: &[&[u8]] = &[col::META, col::ALIAS_OF];
-
-/// Tells `target`'s run that its inlinks changed (invert's edges and change rows): unless
-/// the URL was never parsed, when the run would not count them and the parse that makes it
-/// a page or a redirect tells the run itself. Decided when the transaction commits, after
-/// its commit timestamp is drawn (`Transaction::notify_if_written`), so a parse that races
-/// it either is seen there or starts a run that sees its change rows. On the std docs this
-/// spares ~5 runs a page that would find nothing to do.
-pub fn notify_inlinks_changed(txn: &mut Transaction, target: &str) {
-    txn.notify_if_written(
-        model::page(target),
-        Bytes::from_static(col::INDEG_DIRTY),
-        COUNTED_PROBES,
-    );
 }
 
 /// Whether a URL's inlinks are counted now: a page's, or an alias's (at its chain's end).
@@ -516,7 +496,7 @@ async fn notify_downstream(
     let [registered, alone, names, forwarded]: [Option<Bytes>; 4] =
         txn.get_many(&cells).await?.try_into().expect("four cells asked");
     let registered = registered.unwrap_or_default();
-    crate::cluster::hold_membership(txn, row, registered.clone());
+    model::signals::hold_membership(txn, row, registered.clone());
     if registered.is_empty() {
         return Ok(());
     }

@@ -15,7 +15,7 @@
 //!   source stays with another anchor.
 //! - Notifies: each affected target's `indeg:dirty` (weakly: a page every page links to is a
 //!   hot row, and weak notifications never conflict), unless the target was never parsed
-//!   (see [`indegree::notify_inlinks_changed`]: most targets of a crawl, whose runs would
+//!   (see [`model::signals::inlinks_changed`]: most targets of a crawl, whose runs would
 //!   find nothing to do).
 //! - Twice is harmless: the second time the links replaced equal the links written, and the
 //!   diff is empty.
@@ -26,7 +26,6 @@ use bytes::Bytes;
 use perc_notify::ObserverError;
 use perc_txn::Transaction;
 
-use crate::indegree;
 use crate::model::{self, col};
 
 /// The stage, in the transaction of the page's parse run: `before` is the page's
@@ -53,7 +52,7 @@ pub async fn run(
                 Bytes::from_static(col::EDGE),
                 anchor.clone(),
             );
-            indegree::notify_inlinks_changed(txn, target);
+            model::signals::inlinks_changed(txn, target);
             if before.contains_key(target) {
                 // The same edge with another anchor: no count changes, so no export line
                 // does; the search documents that show the anchor do.
@@ -66,7 +65,7 @@ pub async fn run(
     for &target in before.keys() {
         if !now.contains_key(target) {
             txn.delete_unchecked(model::edge(target, source), Bytes::from_static(col::EDGE));
-            indegree::notify_inlinks_changed(txn, target);
+            model::signals::inlinks_changed(txn, target);
             deltas.push((target, -1));
         }
     }

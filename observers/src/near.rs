@@ -31,10 +31,7 @@ use bytes::Bytes;
 use perc_notify::{Observer, ObserverError};
 use perc_txn::Transaction;
 
-use perc_crawl::simhash::{distance, NEAR_BITS_MAX};
-
-use crate::model::{self, col, rows, BlockEntry, NEAR_LISTED_MAX};
-use crate::IndexError;
+use crate::model::{self, col, rows, BlockEntry};
 
 pub struct Near;
 
@@ -58,51 +55,10 @@ impl Observer for Near {
         if let Some(me) = &me {
             let keys = model::blocks(me.simhash).map(|b| (b, Bytes::from_static(col::BLOCK)));
             for cell in txn.get_many(&keys).await?.iter().flatten() {
-                add_near(&mut near, me, &model::block_entries(cell));
+                model::add_near(&mut near, me, &model::block_entries(cell));
             }
         }
-        write_list(txn, row, list.as_ref(), &near)?;
+        model::write_near_list(txn, row, list.as_ref(), &near)?;
         Ok(())
     }
-}
-
-/// Adds to `near` the entries of `cell` that are other clusters within 3 bits of `me`, once.
-pub(crate) fn add_near(near: &mut Vec<BlockEntry>, me: &BlockEntry, cell: &[BlockEntry]) {
-    for e in cell {
-        if e.hash != me.hash
-            && distance(e.simhash, me.simhash) <= NEAR_BITS_MAX
-            && !near.iter().any(|n| n.hash == e.hash)
-        {
-            near.push(e.clone());
-        }
-    }
-}
-
-/// Writes the head's `near:list` for the clusters `near` (their canonicals, sorted, the
-/// smallest [`NEAR_LISTED_MAX`]) if it is not what `current` holds; removes it when empty.
-pub(crate) fn write_list(
-    txn: &mut Transaction,
-    head: &Bytes,
-    current: Option<&Bytes>,
-    near: &[BlockEntry],
-) -> Result<(), IndexError> {
-    let mut names: Vec<&str> = near.iter().map(|e| e.canonical.as_str()).collect();
-    names.sort_unstable();
-    names.dedup();
-    names.truncate(NEAR_LISTED_MAX);
-    let listed: Vec<String> = match current {
-        Some(raw) => serde_json::from_slice(raw).map_err(|e| {
-            IndexError::corrupt(format!("near:list of {}", String::from_utf8_lossy(head)), e)
-        })?,
-        None => Vec::new(),
-    };
-    if listed != names {
-        if names.is_empty() {
-            txn.delete(head.clone(), Bytes::from_static(col::NEAR_LIST));
-        } else {
-            let value = serde_json::to_vec(&names).expect("serializable");
-            txn.set(head.clone(), Bytes::from_static(col::NEAR_LIST), value);
-        }
-    }
-    Ok(())
 }

@@ -1,14 +1,17 @@
 //! Reading and writing cells through a transaction: counters, JSON records, writes that
-//! happen only on change, child-row scans, registrations, and the export's inlink join. A
-//! stored value that cannot be read is an [`IndexError::Corrupt`] naming its row and column.
+//! happen only on change, child-row scans, registrations, the export's inlink join, and the
+//! near-duplicate list. A stored value that cannot be read is an [`IndexError::Corrupt`]
+//! naming its row and column.
 
 use bytes::Bytes;
 use perc_txn::{Transaction, TxnError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::records::{ExportLine, Inlink};
-use super::schema::{child_key, children, cluster_head, col, page, rows};
+use perc_crawl::simhash::{distance, NEAR_BITS_MAX};
+
+use super::records::{ExportLine, Inlink, NEAR_LISTED_MAX};
+use super::schema::{child_key, children, cluster_head, col, page, rows, BlockEntry};
 use crate::IndexError;
 
 /// A counter cell's value (a decimal integer; absent: 0).
@@ -219,4 +222,45 @@ pub async fn reregister(
 pub struct Moved {
     pub from: String,
     pub to: String,
+}
+
+/// Adds to `near` the entries of `cell` that are other clusters within 3 bits of `me`, once.
+pub fn add_near(near: &mut Vec<BlockEntry>, me: &BlockEntry, cell: &[BlockEntry]) {
+    for e in cell {
+        if e.hash != me.hash
+            && distance(e.simhash, me.simhash) <= NEAR_BITS_MAX
+            && !near.iter().any(|n| n.hash == e.hash)
+        {
+            near.push(e.clone());
+        }
+    }
+}
+
+/// Writes the head's `near:list` for the clusters `near` (their canonicals, sorted, the
+/// smallest [`NEAR_LISTED_MAX`]) if it is not what `current` holds; removes it when empty.
+pub fn write_near_list(
+    txn: &mut Transaction,
+    head: &Bytes,
+    current: Option<&Bytes>,
+    near: &[BlockEntry],
+) -> Result<(), IndexError> {
+    let mut names: Vec<&str> = near.iter().map(|e| e.canonical.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names.truncate(NEAR_LISTED_MAX);
+    let listed: Vec<String> = match current {
+        Some(raw) => serde_json::from_slice(raw).map_err(|e| {
+            IndexError::corrupt(format!("near:list of {}", String::from_utf8_lossy(head)), e)
+        })?,
+        None => Vec::new(),
+    };
+    if listed != names {
+        if names.is_empty() {
+            txn.delete(head.clone(), Bytes::from_static(col::NEAR_LIST));
+        } else {
+            let value = serde_json::to_vec(&names).expect("serializable");
+            txn.set(head.clone(), Bytes::from_static(col::NEAR_LIST), value);
+        }
+    }
+    Ok(())
 }

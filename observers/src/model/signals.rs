@@ -1,0 +1,36 @@
+//! Signals: the writes by which one stage tells another that its input changed, or holds a
+//! cell another stage writes so that the two conflict instead of skewing. Each is a write
+//! into the model, not a call of the other stage; the stage it concerns reads it in its own
+//! run.
+
+use bytes::Bytes;
+use perc_txn::Transaction;
+
+use super::{col, page};
+
+/// The columns of a URL's row that say whether indegree may count its inlinks: a URL on
+/// which neither was ever written (never parsed, never an alias) is not counted, and the
+/// parse run that makes it a page or a redirect notifies its run (`page:meta` is written
+/// first by parse, `indeg:alias_of` only by a run that counted).
+const COUNTED_PROBES: &[&[u8]] = &[col::META, col::ALIAS_OF];
+
+/// Tells `target`'s run that its inlinks changed (invert's edges and change rows): unless
+/// the URL was never parsed, when the run would not count them and the parse that makes it
+/// a page or a redirect tells the run itself. Decided when the transaction commits, after
+/// its commit timestamp is drawn (`Transaction::notify_if_written`), so a parse that races
+/// it either is seen there or starts a run that sees its change rows. On the std docs this
+/// spares ~5 runs a page that would find nothing to do.
+pub fn inlinks_changed(txn: &mut Transaction, target: &str) {
+    txn.notify_if_written(page(target), Bytes::from_static(col::INDEG_DIRTY), COUNTED_PROBES);
+}
+
+/// Writes back, unchanged, the registration of a member whose row this run writes
+/// (`dedup:registered` = the cluster's hash, as the membership row just read says): a write
+/// skew otherwise. dedup may move the page to another cluster after this snapshot, whose run
+/// may then find nothing to change on the page's row and write nothing there; this run's
+/// stale write to the row would stand. Writing the cell dedup writes turns the skew into a
+/// write-write conflict, so this run retries and sees the move. indegree holds a page's
+/// registration the same way when it tells the page's cluster.
+pub fn hold_membership(txn: &mut Transaction, member_row: &Bytes, hash: impl Into<Bytes>) {
+    txn.set(member_row.clone(), Bytes::from_static(col::HASH_REGISTERED), hash);
+}
