@@ -3,12 +3,12 @@
 //! - Trigger: `cluster:dirty` of `c:<hash>` (weak: set by dedup when membership changes, by
 //!   parse when a member's declared canonical changes and by indegree when a member's names
 //!   or in-degree change, in a cluster of more than one).
-//! - Also runs as a stage, [`found`], in the parse run of a page that is a new cluster's
+//! - Also runs as [`found`], in the parse run of a page that is a new cluster's
 //!   first member (most pages: a body of their own), which then needs no run of cluster;
 //!   and a cluster of one is not told of its member's names or in-degree (see
 //!   [`mark_alone`]: indegree forwards the names itself).
 //! - Reads: the members (`c:<hash>\0<url>` rows) and each member's `indeg:indeg`,
-//!   `page:canonical`, `indeg:names`, `fwd:names` (for [`forward`]), `page:declared` and
+//!   `page:canonical`, `indeg:names`, `fwd:names` (for [`crate::forward`]), `page:declared` and
 //!   `cluster:alone`, in one call.
 //! - Writes: `cluster:canonical` on the head, and `page:canonical` of every member whose
 //!   canonical changed, with the member's `dedup:registered` written back unchanged (see
@@ -18,14 +18,13 @@
 //!   declared canonical is a vote for the member it names, by URL or alias; one naming no
 //!   member casts none), then the highest in-degree, then the shorter URL, then the
 //!   lexicographically smaller (spec §6.4).
-//! - Then, in the same transaction, [`forward`] (the canonical's `fwd:names`), from the names
-//!   read here; its contract is in its module.
+//! - Returns the [`Choice`]: what follows it in the same transaction ([`crate::runs`]):
+//!   [`crate::forward`] (the canonical's `fwd:names`) from the names read here, and
+//!   [`crate::export`] of every member whose canonical changed (their lines show it).
 //! - Keeps the cluster's entry in the band index of near-duplicates ([`publish`]: its
 //!   simhash, from its member rows, and its canonical, in the `near:block` cells of its four
 //!   blocks, and `near:registered`); when the entry changes, writes its `near:list` and tells
 //!   the clusters near it (see [`crate::near`] for why none is missed).
-//! - Then [`export`] of every member whose canonical changed (their lines show it), in the
-//!   same transaction.
 //! - Notifies: `near:dirty` of every cluster within 3 bits of its entry, old or new, when
 //!   the entry changed.
 //! - Twice is harmless: the choice is a function of the current rows; only differences are
@@ -34,15 +33,20 @@
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use perc_notify::{Observer, ObserverError};
+use perc_notify::ObserverError;
 use perc_txn::Transaction;
 
-use crate::model::{self, col, rows, BlockEntry};
-use crate::{export, forward, IndexError};
+use crate::model::{self, col, rows, BlockEntry, Forward};
+use crate::IndexError;
 
-pub struct Cluster;
+/// A cluster's choice, and what has to follow it in its transaction: the rows of the members
+/// whose canonical moved (their export lines show it), and the forwarding of the members'
+/// names to the canonical.
+pub struct Choice {
+    pub moved: Vec<Bytes>,
+    pub forward: Forward,
+}
 
 /// Keeps each member's `cluster:alone` true: the cluster's hash on the member of a cluster of
 /// one, absent on every member of a larger one. It lets indegree skip telling a cluster of
@@ -69,29 +73,23 @@ fn mark_alone(txn: &mut Transaction, members: &[String], marks: &[Option<&Bytes>
     }
 }
 
-#[async_trait]
-impl Observer for Cluster {
-    async fn observe(
-        &self,
-        txn: &mut Transaction,
-        row: &Bytes,
-        _column: &Bytes,
-    ) -> Result<(), ObserverError> {
-        let Some(hash) = rows::CLUSTERS.key_of(row) else {
-            return Ok(());
-        };
-        let (start, end) = model::children(&rows::CLUSTERS, hash);
-        let rows = txn.scan(&start, &end, col::MEMBER).await?;
-        choose(txn, row, hash, &rows).await
-    }
+/// The stage, as a run of cluster on the head `row`: reads the members and chooses. `None`
+/// for an empty cluster (nothing follows).
+pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<Option<Choice>, ObserverError> {
+    let Some(hash) = rows::CLUSTERS.key_of(row) else {
+        return Ok(None);
+    };
+    let (start, end) = model::children(&rows::CLUSTERS, hash);
+    let rows = txn.scan(&start, &end, col::MEMBER).await?;
+    choose(txn, row, hash, &rows).await
 }
 
 /// The stage, in the parse run of the page `url` that dedup has just registered under `hash`
 /// (its member row's value `simhash`, as dedup wrote it): when the page is the cluster's only
 /// member and the cluster has never been chosen for (no `cluster:canonical` on its head, as
-/// for every new content hash), does here all that a run of cluster on the head would do,
-/// and returns true; otherwise does nothing and returns false (dedup then tells the cluster,
-/// whose run chooses). A page with content of its own then costs no run of cluster (~14 of
+/// for every new content hash), does here what a run of cluster on the head would do, and
+/// returns its [`Choice`] (what follows it is the caller's, as after a run); otherwise does
+/// nothing and returns `None` (the cluster is then told, and its run chooses). A page with content of its own then costs no run of cluster (~14 of
 /// a replayed page's ~32 store calls went to it on a synthetic web).
 ///
 /// - Reads: the member rows under `c:<hash>` (one scan of their rows, without values), then
@@ -126,12 +124,12 @@ pub async fn found(
     hash: &str,
     url: &str,
     simhash: &Bytes,
-) -> Result<bool, ObserverError> {
+) -> Result<Option<Choice>, ObserverError> {
     let head = model::cluster_head(hash);
     let member = model::member(hash, url);
     let (start, end) = model::children(&rows::CLUSTERS, hash);
     if txn.scan_rows(&start, &end, col::MEMBER).await? != [member.clone()] {
-        return Ok(false);
+        return Ok(None);
     }
     let mut keys: Vec<(Bytes, Bytes)> =
         [col::CLUSTER_CANONICAL, col::NEAR_REGISTERED, col::NEAR_LIST]
@@ -141,25 +139,25 @@ pub async fn found(
         keys.extend(model::blocks(s).map(|b| (b, Bytes::from_static(col::BLOCK))));
     }
     if txn.get_many(&keys).await?[0].is_some() {
-        return Ok(false);
+        return Ok(None);
     }
-    choose(txn, &head, hash, &[(member, simhash.clone())]).await?;
+    let choice = choose(txn, &head, hash, &[(member, simhash.clone())]).await?;
     perc_notify::record_run(txn, &head, CLUSTER);
-    Ok(true)
+    Ok(choice)
 }
 
 /// The observer's name (the registry's, and the ack [`found`] writes).
 pub const CLUSTER: &str = "cluster";
 
 /// The choice for the cluster of `hash` (head row `row`) whose member rows are `rows`
-/// (`c:<hash>\0<url>`, each with its `cluster:member` value), and all that follows from it:
-/// what the module's contract lists after its reads.
+/// (`c:<hash>\0<url>`, each with its `cluster:member` value): what the module's contract
+/// lists after its reads. `None` for a cluster with no member.
 async fn choose(
     txn: &mut Transaction,
     row: &Bytes,
     hash: &str,
     rows: &[(Bytes, Bytes)],
-) -> Result<(), ObserverError> {
+) -> Result<Option<Choice>, ObserverError> {
     // Members share their body, so the first one's simhash is the cluster's.
     let simhash = rows.first().and_then(|(_, v)| model::parse_simhash(v));
     let members: Vec<String> =
@@ -168,7 +166,7 @@ async fn choose(
         model::delete_if_present(txn, row, col::CLUSTER_CANONICAL).await?;
         let registered = txn.get(row, col::NEAR_REGISTERED).await?;
         publish(txn, row, hash, None, registered.as_ref()).await?;
-        return Ok(());
+        return Ok(None);
     }
     let keys: Vec<(Bytes, Bytes)> = members
         .iter()
@@ -215,14 +213,9 @@ async fn choose(
             moved.push(member_row);
         }
     }
-    // Their export lines show the canonical: made again here, read in one call.
-    txn.get_many(&export::cells(&moved)).await?;
-    for member_row in &moved {
-        export::run(txn, member_row).await?;
-    }
     let forwarded: Vec<Option<Bytes>> = (0..members.len()).map(|i| cell(i, 3).cloned()).collect();
-    forward::run(txn, hash, &members, &names, &forwarded, &canonical).await?;
-    Ok(())
+    let forward = Forward { hash: hash.to_string(), members, names, forwarded, canonical };
+    Ok(Some(Choice { moved, forward }))
 }
 
 /// Keeps the cluster's entry in the band index (spec §6.4a) what it is now: `entry` (none

@@ -1,10 +1,10 @@
 //! forward: anchor forwarding to the canonical (spec §6.4): the canonical page carries the
 //! inlinks of every member of its cluster (and of their aliases).
 //!
-//! - Runs: in the cluster head's run, after cluster chose the canonical from the members it
-//!   read (one transaction for both: what forwarding reads is what the choice read); the
-//!   same for [`cluster::found`]; and, for a cluster of one, in its member's indegree run
-//!   when the member's names changed (the names it forwards are its own).
+//! - Runs: after a cluster's choice, in its transaction (what forwarding reads is what the
+//!   choice read): a run of cluster, or a new cluster's first choice in its page's parse
+//!   run; and, for a cluster of one, in its member's indegree run when the member's names
+//!   changed (the names it forwards are its own). [`crate::runs`] composes these.
 //! - Reads: nothing of its own: each member's `indeg:names` and `fwd:names` come from
 //!   cluster's read.
 //! - Writes: on the canonical, `fwd:names` = the union of the members' names (pages and
@@ -24,23 +24,14 @@ use bytes::Bytes;
 use perc_notify::ObserverError;
 use perc_txn::Transaction;
 
-use crate::model::{self, col};
+use crate::model::{self, col, Forward};
 
-/// The stage, in the cluster head's transaction: `members` of the cluster of `hash`, with
-/// each member's `indeg:names` and `fwd:names` as cluster read them, and the `canonical` it
-/// chose.
-pub async fn run(
-    txn: &mut Transaction,
-    hash: &str,
-    members: &[String],
-    names: &[Option<Bytes>],
-    forwarded: &[Option<Bytes>],
-    canonical: &str,
-) -> Result<(), ObserverError> {
-    let all = model::names_union(names.iter().flatten())?;
-    for (m, had) in members.iter().zip(forwarded) {
+/// The stage, in the transaction of the cluster's choice (see [`crate::runs`]).
+pub async fn run(txn: &mut Transaction, f: &Forward) -> Result<(), ObserverError> {
+    let all = model::names_union(f.names.iter().flatten())?;
+    for (m, had) in f.members.iter().zip(&f.forwarded) {
         let row = model::page(m);
-        let wrote = if m == canonical {
+        let wrote = if *m == f.canonical {
             let wrote = model::set_json_if_changed(txn, &row, col::FWD_NAMES, &all).await?;
             if wrote {
                 crate::search::queue(txn, m);
@@ -53,7 +44,7 @@ pub async fn run(
             false
         };
         if wrote {
-            model::signals::hold_membership(txn, &row, hash.to_string());
+            model::signals::hold_membership(txn, &row, f.hash.clone());
         }
     }
     Ok(())

@@ -5,8 +5,9 @@
 //! its number of aliases: every run folds the changes left for it since the last run.
 //!
 //! - Trigger: `indeg:dirty` of `p:<url>` (weak: set by invert on every change of the page's
-//!   inlinks unless the URL was never parsed ([`model::signals::inlinks_changed`]), by parse when the page starts or stops redirecting or being a page, by alias
-//!   when its registration moves, and by the runs below; a popular page is a hot row).
+//!   inlinks unless the URL was never parsed ([`model::signals::inlinks_changed`]), by
+//!   parse when the page starts or stops redirecting or being a page, by alias when its
+//!   registration moves, and by the runs below; a popular page is a hot row).
 //! - **A URL not fetched, or fetched but neither a page nor a redirect** (most link targets
 //!   of a crawl), whose inlinks were not counted at an alias's end: no counting. Its
 //!   in-degree shows nowhere, and its change rows wait for the run parse asks for when it
@@ -38,9 +39,10 @@
 //!   changed. No list of inlinks: readers join them from the `e:` rows (see [`crate::model`]).
 //! - Notifies: the page's cluster head (`cluster:dirty`, weakly, the cluster dedup registered
 //!   it in; see [`notify_downstream`] for why it rewrites that registration, and why a
-//!   cluster of one is not told, its names forwarded here instead) on a change; makes the
-//!   page's export line again ([`crate::export`], in this transaction) when its in-degree
-//!   changed.
+//!   cluster of one is not told, its names forwarded instead) on a change.
+//! - Returns what follows in this transaction ([`Follow`]; [`crate::runs`] composes it):
+//!   the page's export line made again ([`crate::export`]) when its in-degree changed, and
+//!   for a cluster of one the forwarding of its names ([`crate::forward`]) when they changed.
 //! - Queues: the URL for the search index ([`crate::search`]) when it folded changes (an
 //!   edge came or went: its inlinks' anchors changed even when its count did not).
 //! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
@@ -55,87 +57,90 @@
 use crate::IndexError;
 use std::collections::{BTreeMap, BTreeSet};
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use perc_notify::{Observer, ObserverError};
+use perc_notify::ObserverError;
 use perc_txn::{RangeScan, Transaction};
 
-use crate::model::{self, col, rows, Meta};
+use crate::model::{self, col, rows, Forward, Meta};
 
 /// How many redirect hops an alias may be from its page (more than any redirect limit).
 pub const ALIAS_HOPS_MAX: usize = 16;
 
-pub struct InDegree {
-    /// The most change rows a page's run folds (`index.indegree_fold_max`, 4096 by default).
-    pub fold_max: usize,
+/// What follows a run of indegree in its transaction.
+#[derive(Default)]
+pub struct Follow {
+    /// The page's in-degree changed: its export line shows it.
+    pub export: bool,
+    /// The names of the page of a cluster of one changed: forwarded to itself.
+    pub forward: Option<Forward>,
 }
 
-#[async_trait]
-impl Observer for InDegree {
-    async fn observe(
-        &self,
-        txn: &mut Transaction,
-        row: &Bytes,
-        _column: &Bytes,
-    ) -> Result<(), ObserverError> {
-        let Some(url) = model::url_of(row) else { return Ok(()) };
-        // Where this URL's inlinks were counted last time: absent for a page.
-        let counted_at = txn.get(row, col::ALIAS_OF).await?;
-        // Not fetched, or not a page: its in-degree shows nowhere, so its change rows wait
-        // (parse tells this run again when the URL becomes a page or a redirect). Most link
-        // targets of a crawl are such URLs, and their runs then commit nothing.
-        let counting = counted_at.is_some() || counted(txn, row).await?;
-        let chain = chain_from(txn, url).await?;
-        // A page folds its changes per row, so it may take some now and the rest later; an
-        // alias's run and the end of a spell as one take them all (see the header).
-        let limit =
-            if counted_at.is_none() && chain.hops == 0 { self.fold_max } else { usize::MAX };
-        // The URLs redirecting straight here read every redirect this one's chain reads: if
-        // any of them was rewritten since the last run (even if back to what it was, or
-        // leaving the end as it was), their ends may have changed too. This holds for a URL
-        // not counted too: a redirect that came and went before its first run here leaves
-        // aliases that counted through it. A URL never fetched has no redirect cell to have
-        // been rewritten ("0"), and no stamp written.
-        let stamp = Bytes::from(chain.stamp.clone());
-        let before = txn.get(row, col::CHAIN).await?.unwrap_or_else(|| Bytes::from_static(b"0"));
-        let restamp = before != stamp;
-        let page = counting && chain.hops == 0;
-        let ranges = Ranges::read(txn, url, counting.then_some(limit), page, restamp).await?;
-        let changes = if counting {
-            let (changes, more) = take_changes(txn, ranges.changes, limit)?;
-            if more {
-                txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
-            }
-            changes
-        } else {
-            BTreeMap::new()
-        };
-        let folded = !changes.is_empty();
-        if folded {
-            // The edges into it changed, whatever its count did: so did the anchors its
-            // (or its chain's end's) search document shows.
-            crate::search::queue(txn, url);
+/// The stage, as a run of indegree on the URL's row `row`, folding at most `fold_max` change
+/// rows if it is a page (`index.indegree_fold_max`).
+pub async fn run(
+    txn: &mut Transaction,
+    row: &Bytes,
+    fold_max: usize,
+) -> Result<Follow, ObserverError> {
+    let Some(url) = model::url_of(row) else { return Ok(Follow::default()) };
+    // Where this URL's inlinks were counted last time: absent for a page.
+    let counted_at = txn.get(row, col::ALIAS_OF).await?;
+    // Not fetched, or not a page: its in-degree shows nowhere, so its change rows wait
+    // (parse tells this run again when the URL becomes a page or a redirect). Most link
+    // targets of a crawl are such URLs, and their runs then commit nothing.
+    let counting = counted_at.is_some() || counted(txn, row).await?;
+    let chain = chain_from(txn, url).await?;
+    // A page folds its changes per row, so it may take some now and the rest later; an
+    // alias's run and the end of a spell as one take them all (see the header).
+    let limit = if counted_at.is_none() && chain.hops == 0 { fold_max } else { usize::MAX };
+    // The URLs redirecting straight here read every redirect this one's chain reads: if
+    // any of them was rewritten since the last run (even if back to what it was, or
+    // leaving the end as it was), their ends may have changed too. This holds for a URL
+    // not counted too: a redirect that came and went before its first run here leaves
+    // aliases that counted through it. A URL never fetched has no redirect cell to have
+    // been rewritten ("0"), and no stamp written.
+    let stamp = Bytes::from(chain.stamp.clone());
+    let before = txn.get(row, col::CHAIN).await?.unwrap_or_else(|| Bytes::from_static(b"0"));
+    let restamp = before != stamp;
+    let page = counting && chain.hops == 0;
+    let ranges = Ranges::read(txn, url, counting.then_some(limit), page, restamp).await?;
+    let changes = if counting {
+        let (changes, more) = take_changes(txn, ranges.changes, limit)?;
+        if more {
+            txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
         }
-        if page {
-            as_page(txn, row, url, counted_at, changes, ranges.aliases).await?;
-        } else if counting {
-            as_alias(txn, row, url, chain.end.clone(), counted_at, changes).await?;
-        }
-        if restamp {
-            let told = notify_direct_aliases(txn, &ranges.redirecting);
-            // A URL not counted and with no alias to tell keeps no stamp, so that its run
-            // still commits nothing (a 404 that links point at); should an alias register
-            // later, the stamp differs and it is told.
-            if counting || told > 0 {
-                txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
-            }
-        } else if folded {
-            // Written even when unchanged: two runs that fold the same change rows (deleted
-            // unchecked) must conflict, or both would count them.
+        changes
+    } else {
+        BTreeMap::new()
+    };
+    let folded = !changes.is_empty();
+    if folded {
+        // The edges into it changed, whatever its count did: so did the anchors its
+        // (or its chain's end's) search document shows.
+        crate::search::queue(txn, url);
+    }
+    let follow = if page {
+        as_page(txn, row, url, counted_at, changes, ranges.aliases).await?
+    } else if counting {
+        let forward = as_alias(txn, row, url, chain.end.clone(), counted_at, changes).await?;
+        Follow { export: false, forward }
+    } else {
+        Follow::default()
+    };
+    if restamp {
+        let told = notify_direct_aliases(txn, &ranges.redirecting);
+        // A URL not counted and with no alias to tell keeps no stamp, so that its run
+        // still commits nothing (a 404 that links point at); should an alias register
+        // later, the stamp differs and it is told.
+        if counting || told > 0 {
             txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
         }
-        Ok(())
+    } else if folded {
+        // Written even when unchanged: two runs that fold the same change rows (deleted
+        // unchecked) must conflict, or both would count them.
+        txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
     }
+    Ok(follow)
 }
 
 /// Whether a URL's inlinks are counted now: a page's, or an alias's (at its chain's end).
@@ -218,7 +223,7 @@ async fn as_page(
     counted_at: Option<Bytes>,
     changes: BTreeMap<String, i64>,
     aliases: Vec<String>,
-) -> Result<(), ObserverError> {
+) -> Result<Follow, ObserverError> {
     let (base, extra) = match counted_at {
         Some(old) => {
             // It was an alias: take back what it counted there, and count everything here.
@@ -261,14 +266,9 @@ async fn as_page(
     let a = model::set_if_changed(txn, row, col::INDEG, Bytes::from((base + extra).to_string()))
         .await?;
     let b = model::set_json_if_changed(txn, row, col::NAMES, &names).await?;
-    if a || b {
-        notify_downstream(txn, row, b).await?;
-    }
-    if a {
-        // Its line shows the in-degree (not the names).
-        crate::export::run(txn, row).await?;
-    }
-    Ok(())
+    let forward = if a || b { notify_downstream(txn, row, b).await? } else { None };
+    // Its line shows the in-degree (not the names).
+    Ok(Follow { export: a, forward })
 }
 
 /// An alias: pass its changes on to the end of its chain; move them if the end changed.
@@ -279,9 +279,10 @@ async fn as_alias(
     end: Option<String>,
     counted_at: Option<Bytes>,
     changes: BTreeMap<String, i64>,
-) -> Result<(), ObserverError> {
+) -> Result<Option<Forward>, ObserverError> {
     let old = counted_at.as_ref().map(|v| String::from_utf8_lossy(v).into_owned());
     let mut via: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut forward = None;
     if old.is_none() {
         // It was a page: its counts go (its edges are counted at the end below).
         let mut changed = false;
@@ -293,7 +294,7 @@ async fn as_alias(
         }
         if changed {
             // Its line went in the parse run that made it a redirect.
-            notify_downstream(txn, row, true).await?;
+            forward = notify_downstream(txn, row, true).await?;
         }
     }
     let end_name = end.clone().unwrap_or_default();
@@ -317,7 +318,8 @@ async fn as_alias(
         }
         txn.set(row.clone(), Bytes::from_static(col::ALIAS_OF), end_name);
     }
-    add_via(txn, via).await
+    add_via(txn, via).await?;
+    Ok(forward)
 }
 
 /// Takes back from `old` what `url` counted there: the sources it had at its last run
@@ -478,7 +480,8 @@ fn notify_direct_aliases(txn: &mut Transaction, sources: &[String]) -> usize {
 /// transactions conflict, so one of them retries and sees the other.
 ///
 /// A cluster of one is not told: its choice cannot change, and the one thing its run would
-/// do, forwarding the member's names to itself ([`crate::forward`]), is done here. The
+/// do, forwarding the member's names to itself ([`crate::forward`]), follows in this
+/// transaction instead: returned, when the names changed. The
 /// page's `cluster:alone` says so when it names the registered cluster, and is written back
 /// unchanged too, so that a cluster run that finds a second member conflicts with this one
 /// (see `cluster::mark_alone`).
@@ -486,7 +489,7 @@ async fn notify_downstream(
     txn: &mut Transaction,
     row: &Bytes,
     names_changed: bool,
-) -> Result<(), ObserverError> {
+) -> Result<Option<Forward>, ObserverError> {
     let cells = [
         (row.clone(), Bytes::from_static(col::HASH_REGISTERED)),
         (row.clone(), Bytes::from_static(col::ALONE)),
@@ -498,20 +501,22 @@ async fn notify_downstream(
     let registered = registered.unwrap_or_default();
     model::signals::hold_membership(txn, row, registered.clone());
     if registered.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let hash = String::from_utf8_lossy(&registered).into_owned();
     if alone.as_ref() != Some(&registered) {
-        txn.notify(model::cluster_head(&hash), Bytes::from_static(col::CLUSTER_DIRTY));
-        return Ok(());
+        model::signals::tell_cluster(txn, &hash);
+        return Ok(None);
     }
     txn.set(row.clone(), Bytes::from_static(col::ALONE), registered);
-    if names_changed {
-        let Some(url) = model::url_of(row) else { return Ok(()) };
-        let url = [url.to_string()];
-        crate::forward::run(txn, &hash, &url, &[names], &[forwarded], &url[0]).await?;
-    }
-    Ok(())
+    let url = model::url_of(row).filter(|_| names_changed);
+    Ok(url.map(|url| Forward {
+        hash,
+        members: vec![url.to_string()],
+        names: vec![names],
+        forwarded: vec![forwarded],
+        canonical: url.to_string(),
+    }))
 }
 
 /// A URL's redirect chain, as one snapshot shows it.

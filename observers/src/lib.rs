@@ -9,6 +9,11 @@
 //! a new cluster's choice ([`cluster::found`]), and a cluster of one is not told of its
 //! member's changes (its indegree run forwards the names).
 //!
+//! A stage never calls another: it returns what it changed, and [`runs`] composes each
+//! observer's run from its stages. Stages tell each other of changes only by writing into
+//! the model ([`model::signals`]: a notification, a held cell); the search queue
+//! ([`search`]) is data that several stages append to.
+//!
 //! ```text
 //!   loader ─► crawl:want ─► fetch ─► crawl:raw ─► parse ─┬─► (+ export, dedup, ────┐
 //!                                                        │   a new cluster's choice)│
@@ -39,6 +44,7 @@ pub mod model;
 pub mod near;
 pub mod parse;
 mod query;
+pub mod runs;
 pub mod search;
 mod upgrade;
 
@@ -67,15 +73,15 @@ pub fn registry_with(
     let mut r = Registry::new();
     let fetch = fetch::Fetch { source, schedule };
     r.register("fetch", col::WANT, NotifyKind::Strong, Arc::new(fetch))?;
-    r.register("parse", col::RAW, NotifyKind::Strong, Arc::new(parse::Parse))?;
+    r.register("parse", col::RAW, NotifyKind::Strong, Arc::new(runs::Parse))?;
     r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
     r.register(
         "indegree",
         col::INDEG_DIRTY,
         NotifyKind::Weak,
-        Arc::new(indegree::InDegree { fold_max }),
+        Arc::new(runs::InDegree { fold_max }),
     )?;
-    r.register(cluster::CLUSTER, col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(cluster::Cluster))?;
+    r.register(cluster::CLUSTER, col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(runs::Cluster))?;
     r.register("near", col::NEAR_DIRTY, NotifyKind::Weak, Arc::new(near::Near))?;
     // Nothing notifies export now (it runs in its inputs' writers' transactions); a store
     // written by an earlier version may still hold its notifications.

@@ -742,7 +742,7 @@ fn two_first_members_of_a_new_cluster_at_once_make_one_commit_and_the_other_join
         let mut tq = h.client().begin().await.unwrap();
         for (txn, url) in [(&mut tp, p), (&mut tq, q)] {
             let row = Bytes::from(format!("p:{url}"));
-            perc_observers::parse::Parse.observe(txn, &row, &raw).await.unwrap();
+            perc_observers::runs::Parse.observe(txn, &row, &raw).await.unwrap();
         }
         tp.commit().await.expect("the first choice commits");
         let err = tq.commit().await.expect_err("the second first choice conflicts");

@@ -296,6 +296,17 @@ impl CrawlScope {
     }
 }
 
+/// What forwarding (`crate::forward`) needs, as a cluster's choice read it: the `members`
+/// of the cluster of `hash`, each member's `indeg:names` and `fwd:names`, and the
+/// `canonical` chosen.
+pub struct Forward {
+    pub hash: String,
+    pub members: Vec<String>,
+    pub names: Vec<Option<Bytes>>,
+    pub forwarded: Vec<Option<Bytes>>,
+    pub canonical: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use perc_txn::Transaction;
 
-use super::{col, page};
+use super::{cluster_head, col, page};
 
 /// The columns of a URL's row that say whether indegree may count its inlinks: a URL on
 /// which neither was ever written (never parsed, never an alias) is not counted, and the
@@ -33,4 +33,10 @@ pub fn inlinks_changed(txn: &mut Transaction, target: &str) {
 /// registration the same way when it tells the page's cluster.
 pub fn hold_membership(txn: &mut Transaction, member_row: &Bytes, hash: impl Into<Bytes>) {
     txn.set(member_row.clone(), Bytes::from_static(col::HASH_REGISTERED), hash);
+}
+
+/// Tells the cluster of `hash` that its membership or a member's vote changed: its run
+/// chooses again (weakly: many members, one head).
+pub fn tell_cluster(txn: &mut Transaction, hash: &str) {
+    txn.notify(cluster_head(hash), Bytes::from_static(col::CLUSTER_DIRTY));
 }
