@@ -483,6 +483,29 @@ impl Transaction {
         self.writes.is_empty() && self.weak.is_empty() && self.weak_if.is_empty()
     }
 
+    /// What committing would write, in key order: each buffered cell, `None` for a delete,
+    /// and whether it is unchecked ([`Self::set_unchecked`]). For tests and diagnostics that
+    /// look at what a stage decided before it is committed.
+    pub fn buffered_writes(&self) -> Vec<(Bytes, Bytes, Option<Bytes>, bool)> {
+        self.writes
+            .iter()
+            .map(|((row, column), value)| {
+                let unchecked = self.unchecked.contains(&(row.clone(), column.clone()));
+                (row.clone(), column.clone(), value.clone(), unchecked)
+            })
+            .collect()
+    }
+
+    /// The weak notifications buffered, in key order, each with whether it is conditional
+    /// ([`Self::notify_if_written`]). (Strong ones follow from the writes.)
+    pub fn buffered_notifications(&self) -> Vec<(Bytes, Bytes, bool)> {
+        let mut out: Vec<(Bytes, Bytes, bool)> =
+            self.weak.iter().map(|(r, c)| (r.clone(), c.clone(), false)).collect();
+        out.extend(self.weak_if.keys().map(|(r, c)| (r.clone(), c.clone(), true)));
+        out.sort();
+        out
+    }
+
     /// Whether committing sets a notification: a weak one is buffered (set or not, for a
     /// conditional one), or a write goes to a column an observer watches.
     pub fn notifies(&self) -> bool {

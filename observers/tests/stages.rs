@@ -1,0 +1,427 @@
+//! Each stage alone, on rows set up for it: what it buffers (writes, deletes, notifications)
+//! and what it returns, against a golden file in `tests/golden/` that a reader can check
+//! line by line against the stage's contract in its module; and a second run of the stage
+//! on what the first committed changes nothing. `PERC_UPDATE_GOLDEN=1 cargo test -p
+//! perc-observers --test stages` rewrites the files (review the diff).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use perc_notify::{Observer, Registry};
+use perc_observers::model::{
+    self, col, CrawlScope, Forward, Meta, PageKind, RawHead, Recrawl, Schedule,
+};
+use perc_observers::{alias, cluster, dedup, export, forward, indegree, invert, parse, runs};
+use perc_oracle::{LocalOracle, Oracle};
+use perc_store::{MemStore, Store};
+use perc_txn::{Client, ManualClock, Transaction, TxnConfig};
+
+const A: &str = "http://s.test/a";
+const B: &str = "http://s.test/b";
+const C: &str = "http://s.test/c";
+
+/// A store in memory and a client whose commits notify the pipeline's observers (the same
+/// registry, so strong notifications follow from the writes as in a run).
+async fn client() -> Client {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new(perc_notify::schema()));
+    let oracle: Arc<dyn Oracle> = Arc::new(LocalOracle::open(store.clone(), 64).await.unwrap());
+    let schedule = Schedule { default: Recrawl::default(), prefixes: Vec::new() };
+    let registry: Registry =
+        perc_observers::registry_with(Arc::new(perc_crawl::Offline), schedule, 4096).unwrap();
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    perc_notify::client_for(store, oracle, clock, TxnConfig::default(), Arc::new(registry))
+        .await
+        .unwrap()
+}
+
+/// Commits the cells `set` writes.
+async fn given(c: &Client, set: impl FnOnce(&mut Transaction)) {
+    let mut t = c.begin().await.unwrap();
+    set(&mut t);
+    t.commit().await.unwrap();
+}
+
+fn html(title: &str, extra: &str) -> Bytes {
+    let head =
+        RawHead { status: Some(200), content_type: Some("text/html".into()), ..RawHead::default() };
+    let body = format!(
+        "<html><head><title>{title}</title>{extra}</head><body><p>{title}: the words of a \
+         page about {title}, long enough for a simhash of several shingles.</p>\
+         <a href=\"{B}\">to b</a> <a href=\"{C}\" rel=\"nofollow\">to c</a></body></html>"
+    );
+    model::encode_raw(&head, body.as_bytes())
+}
+
+/// A page's `page:meta`, as parse writes it, with `title` and content hash h1.
+fn page_meta(title: &str) -> Vec<u8> {
+    let meta = Meta {
+        kind: PageKind::Page,
+        status: Some(200),
+        title: title.into(),
+        content_hash: "h1".into(),
+        ..Meta::default()
+    };
+    serde_json::to_vec(&meta).unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    match std::str::from_utf8(b) {
+        Ok(s) => s.replace('\0', "\\0"),
+        Err(_) => format!("{} bytes", b.len()),
+    }
+}
+
+/// What `t` would commit, one line a cell, then what the stage returned.
+fn buffered(t: &Transaction, returned: &str) -> String {
+    let mut out = String::new();
+    for (row, column, value, unchecked) in t.buffered_writes() {
+        let how = if unchecked { " (unchecked)" } else { "" };
+        match value {
+            Some(v) => writeln!(out, "set    {} {}{how} = {}", text(&row), text(&column), text(&v)),
+            None => writeln!(out, "delete {} {}{how}", text(&row), text(&column)),
+        }
+        .unwrap();
+    }
+    for (row, column, conditional) in t.buffered_notifications() {
+        let how = if conditional { " (if its probes were ever written)" } else { "" };
+        writeln!(out, "notify {} {}{how}", text(&row), text(&column)).unwrap();
+    }
+    writeln!(out, "returns {returned}").unwrap();
+    out
+}
+
+/// The buffered writes of `t` outside the search queue (which some stages append to on
+/// every run: the indexer drains it, and a row of it changes no document).
+fn writes_but_the_queue(t: &Transaction) -> Vec<String> {
+    let queue = model::rows::QUEUE.start();
+    t.buffered_writes()
+        .into_iter()
+        .filter(|(row, ..)| !row.starts_with(queue))
+        .map(|(row, column, ..)| format!("{} {}", text(&row), text(&column)))
+        .collect()
+}
+
+/// `got` against `tests/golden/<name>.txt` (or rewrites it under PERC_UPDATE_GOLDEN).
+fn golden(name: &str, got: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}.txt"));
+    // Timestamps vary with the oracle's batches: shown as <ts>.
+    let got = mask_timestamps(got);
+    if std::env::var_os("PERC_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (PERC_UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert_eq!(got, want, "{name}: the stage buffers other than its golden file says");
+}
+
+/// Replaces the 16-hex-digit timestamps in row keys (change rows, queue rows) with `<ts>`.
+fn mask_timestamps(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("\\0") {
+        out.push_str(&rest[..i + 2]);
+        rest = &rest[i + 2..];
+        if rest.bytes().take_while(u8::is_ascii_hexdigit).count() == 16 {
+            out.push_str("<ts>");
+            rest = &rest[16..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+#[test]
+fn parse_writes_what_a_page_is_and_a_second_run_only_queues_it_again() {
+    rt().block_on(async {
+        let c = client().await;
+        let page = model::page(A);
+        let canonical = format!("<link rel=\"canonical\" href=\"{A}\">");
+        given(&c, |t| {
+            t.set(page.clone(), Bytes::from_static(col::RAW), html("a", &canonical));
+            // In the frontier: its links are for discover to follow.
+            t.set(
+                model::fetch_row(A),
+                Bytes::from_static(col::WANT),
+                r#"{"depth":0,"gen":1,"hops":0}"#,
+            );
+        })
+        .await;
+        let mut t = c.begin().await.unwrap();
+        let parsed = parse::run(&mut t, &page).await.unwrap().expect("a page row with a record");
+        let returned = format!(
+            "meta_changed {}, simhash {}, links before {:?}, links {:?}",
+            parsed.meta_changed,
+            parsed.simhash.is_some(),
+            parsed.links_before,
+            parsed.links
+        );
+        golden("parse", &buffered(&t, &returned));
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        let parsed = parse::run(&mut again, &page).await.unwrap().unwrap();
+        assert!(!parsed.meta_changed);
+        assert_eq!(writes_but_the_queue(&again), Vec::<String>::new());
+    });
+}
+
+#[test]
+fn dedup_registers_a_member_and_says_which_cluster_it_joined() {
+    rt().block_on(async {
+        let c = client().await;
+        let page = model::page(A);
+        given(&c, |t| t.set(page.clone(), Bytes::from_static(col::HASH), "h1")).await;
+        let mut t = c.begin().await.unwrap();
+        let joined = dedup::run(&mut t, &page, Some(0xfeed)).await.unwrap();
+        let returned = match &joined {
+            Some(j) => format!("joined {} ({})", j.hash, text(&j.simhash)),
+            None => "nothing".into(),
+        };
+        golden("dedup-join", &buffered(&t, &returned));
+        t.commit().await.unwrap();
+
+        // Its body changes: it leaves h1 (told) and joins h2.
+        given(&c, |t| t.set(page.clone(), Bytes::from_static(col::HASH), "h2")).await;
+        let mut t = c.begin().await.unwrap();
+        let joined = dedup::run(&mut t, &page, Some(0xbeef)).await.unwrap();
+        let returned = joined.map_or("nothing".into(), |j| format!("joined {}", j.hash));
+        golden("dedup-move", &buffered(&t, &returned));
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        assert!(dedup::run(&mut again, &page, Some(0xbeef)).await.unwrap().is_none());
+        assert!(again.is_empty(), "{}", buffered(&again, ""));
+    });
+}
+
+#[test]
+fn invert_writes_the_edges_that_came_and_removes_those_that_went() {
+    rt().block_on(async {
+        let c = client().await;
+        let page = model::page(A);
+        // B was parsed (its inlinks are counted: told); C never was (not told).
+        given(&c, |t| t.set(model::page(B), Bytes::from_static(col::META), "{}")).await;
+        let before = vec![(C.to_string(), "old".to_string())];
+        let now = vec![(B.to_string(), "to b".to_string())];
+        let mut t = c.begin().await.unwrap();
+        invert::run(&mut t, &page, &before, &now).await.unwrap();
+        golden("invert", &buffered(&t, "()"));
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        invert::run(&mut again, &page, &now, &now).await.unwrap();
+        assert!(again.is_empty(), "{}", buffered(&again, ""));
+    });
+}
+
+#[test]
+fn alias_registers_a_redirect_at_its_target() {
+    rt().block_on(async {
+        let c = client().await;
+        let page = model::page(A);
+        given(&c, |t| t.set(page.clone(), Bytes::from_static(col::REDIRECT), B)).await;
+        let mut t = c.begin().await.unwrap();
+        alias::run(&mut t, &page).await.unwrap();
+        golden("alias", &buffered(&t, "()"));
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        alias::run(&mut again, &page).await.unwrap();
+        assert!(again.is_empty(), "{}", buffered(&again, ""));
+    });
+}
+
+#[test]
+fn export_makes_the_line_from_the_pages_cells() {
+    rt().block_on(async {
+        let c = client().await;
+        let page = model::page(A);
+        let meta = page_meta("a");
+        given(&c, |t| {
+            t.set(page.clone(), Bytes::from_static(col::META), meta.clone());
+            t.set(page.clone(), Bytes::from_static(col::CANONICAL), B);
+            t.set(page.clone(), Bytes::from_static(col::INDEG), "3");
+        })
+        .await;
+        let mut t = c.begin().await.unwrap();
+        export::run(&mut t, &page).await.unwrap();
+        golden("export", &buffered(&t, "()"));
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        export::run(&mut again, &page).await.unwrap();
+        assert!(again.is_empty(), "{}", buffered(&again, ""));
+    });
+}
+
+/// Two members of cluster h1: the one with the higher in-degree is chosen, and the choice
+/// says which members' canonical moved and what to forward.
+#[test]
+fn cluster_chooses_a_canonical_and_returns_what_follows() {
+    rt().block_on(async {
+        let c = client().await;
+        let head = model::cluster_head("h1");
+        given(&c, |t| {
+            for (url, indeg) in [(A, "1"), (B, "5")] {
+                t.set(model::member("h1", url), Bytes::from_static(col::MEMBER), "");
+                t.set(model::page(url), Bytes::from_static(col::INDEG), indeg);
+                let names = format!("[\"{url}\"]");
+                t.set(model::page(url), Bytes::from_static(col::NAMES), names);
+                t.set(model::page(url), Bytes::from_static(col::HASH_REGISTERED), "h1");
+            }
+        })
+        .await;
+        let mut t = c.begin().await.unwrap();
+        let choice = cluster::run(&mut t, &head).await.unwrap().expect("a cluster with members");
+        let moved: Vec<String> = choice.moved.iter().map(|r| text(r)).collect();
+        let returned = format!(
+            "moved {moved:?}; forward {:?} of {:?} to {}",
+            choice.forward.names.iter().map(|n| n.as_deref().map(text)).collect::<Vec<_>>(),
+            choice.forward.members,
+            choice.forward.canonical
+        );
+        golden("cluster", &buffered(&t, &returned));
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        let choice = cluster::run(&mut again, &head).await.unwrap().unwrap();
+        assert!(choice.moved.is_empty());
+        assert!(again.is_empty(), "{}", buffered(&again, ""));
+    });
+}
+
+#[test]
+fn forward_gives_the_canonical_every_members_names() {
+    rt().block_on(async {
+        let c = client().await;
+        let f = || Forward {
+            hash: "h1".into(),
+            members: vec![A.into(), B.into()],
+            names: vec![
+                Some(Bytes::from(format!("[\"{A}\"]"))),
+                Some(Bytes::from(format!("[\"{B}\"]"))),
+            ],
+            forwarded: vec![Some(Bytes::from(format!("[\"{A}\"]"))), None],
+            canonical: B.into(),
+        };
+        let mut t = c.begin().await.unwrap();
+        forward::run(&mut t, &f()).await.unwrap();
+        golden("forward", &buffered(&t, "()"));
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        let mut now = f();
+        now.forwarded = vec![None, Some(Bytes::from(format!("[\"{A}\",\"{B}\"]")))];
+        forward::run(&mut again, &now).await.unwrap();
+        assert_eq!(writes_but_the_queue(&again), Vec::<String>::new());
+    });
+}
+
+/// A page with two change rows (+1 from A, +1 from C): its counts, names and what follows.
+#[test]
+fn indegree_folds_a_pages_changes_and_returns_what_follows() {
+    rt().block_on(async {
+        let c = client().await;
+        let page = model::page(B);
+        let meta = page_meta("b");
+        given(&c, |t| {
+            t.set(page.clone(), Bytes::from_static(col::META), meta.clone());
+            t.set(page.clone(), Bytes::from_static(col::HASH_REGISTERED), "h1");
+            t.set(page.clone(), Bytes::from_static(col::ALONE), "h1");
+            t.set(model::edge(B, A), Bytes::from_static(col::EDGE), "to b");
+            t.set(model::edge(B, C), Bytes::from_static(col::EDGE), "b");
+            t.set(model::delta(B, A, 1), Bytes::from_static(col::DELTA), "1");
+            t.set(model::delta(B, C, 2), Bytes::from_static(col::DELTA), "1");
+        })
+        .await;
+        let mut t = c.begin().await.unwrap();
+        let follow = indegree::run(&mut t, &page, 4096).await.unwrap();
+        let returned = format!(
+            "export {}, forward {:?}",
+            follow.export,
+            follow.forward.as_ref().map(|f| (&f.members, &f.canonical))
+        );
+        golden("indegree", &buffered(&t, &returned));
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        let follow = indegree::run(&mut again, &page, 4096).await.unwrap();
+        assert!(!follow.export && follow.forward.is_none());
+        assert!(again.is_empty(), "{}", buffered(&again, ""));
+    });
+}
+
+/// discover puts the in-scope targets of a page's links in the frontier, one hop deeper.
+#[test]
+fn discover_wants_the_links_in_scope() {
+    rt().block_on(async {
+        let c = client().await;
+        let page = model::page(A);
+        let scope =
+            CrawlScope { seeds: vec![A.into()], prefixes: vec![], max_depth: 3, max_redirects: 5 };
+        let follow = format!(
+            r#"{{"depth":0,"hops":0,"links":["{B}","http://elsewhere.test/x"],"redirect":null}}"#
+        );
+        given(&c, |t| {
+            t.set(
+                Bytes::from_static(model::CONFIG_ROW),
+                Bytes::from_static(col::SCOPE),
+                serde_json::to_vec(&scope).unwrap(),
+            );
+            t.set(page.clone(), Bytes::from_static(col::FOLLOW), follow);
+        })
+        .await;
+        let discover = perc_observers::discover::Discover;
+        let column = Bytes::from_static(col::FOLLOW);
+        let mut t = c.begin().await.unwrap();
+        discover.observe(&mut t, &page, &column).await.unwrap();
+        let got = buffered(&t, "()");
+        // The generation is the transaction's start: masked.
+        let got = got.replace(&format!("\"gen\":{}", t.start_ts().0), "\"gen\":<ts>");
+        golden("discover", &got);
+        t.commit().await.unwrap();
+
+        let mut again = c.begin().await.unwrap();
+        discover.observe(&mut again, &page, &column).await.unwrap();
+        assert!(again.is_empty(), "{}", buffered(&again, ""));
+    });
+}
+
+/// The parse run composes its stages: a new page's run writes its own cells, its edges,
+/// its cluster's first choice (cluster::found) and its export line in one transaction.
+#[test]
+fn the_parse_run_composes_parse_export_dedup_a_first_choice_invert_and_alias() {
+    rt().block_on(async {
+        let c = client().await;
+        let page = model::page(A);
+        given(&c, |t| t.set(page.clone(), Bytes::from_static(col::RAW), html("a", ""))).await;
+        let mut t = c.begin().await.unwrap();
+        runs::Parse.observe(&mut t, &page, &Bytes::from_static(col::RAW)).await.unwrap();
+        let cells: Vec<String> = t
+            .buffered_writes()
+            .into_iter()
+            .map(|(row, column, ..)| format!("{} {}", text(&row), text(&column)))
+            .collect();
+        for (stage, cell) in [
+            ("parse", format!("p:{A} page:meta")),
+            ("export", format!("p:{A} export:line")),
+            ("dedup", format!("p:{A} dedup:registered")),
+            ("a new cluster's first choice", format!("p:{A} page:canonical")),
+            ("forward after the choice", format!("p:{A} fwd:names")),
+        ] {
+            assert!(cells.contains(&cell), "{stage} wrote no {cell}:\n{cells:#?}");
+        }
+        assert!(
+            cells.iter().any(|c| c.starts_with(&format!("e:{B}\\0{A}"))),
+            "invert wrote no edge to b:\n{cells:#?}"
+        );
+    });
+}
