@@ -19,6 +19,25 @@
 //!
 //! The other observers (fetch, discover, near, and export for notifications an earlier
 //! version left) are one stage each, in their modules.
+//!
+//! The contract of each run is its stages' contracts in order; here only what the
+//! composition adds:
+//! - [`Parse`]. Trigger: `crawl:raw` of `p:<url>` (strong). Reads and writes: parse's, then
+//!   export's when `page:meta` changed, dedup's, cluster's first choice
+//!   ([`cluster::found`]) for a page that alone makes a new cluster (else the cluster is
+//!   told), invert's, alias's. Notifies: what those stages notify (discover, the page's and
+//!   its targets' indegree, clusters).
+//! - [`Cluster`]. Trigger: `cluster:dirty` of `c:<hash>` (weak). Reads and writes: cluster's
+//!   choice, then export's for each member whose canonical moved and forward's. Notifies:
+//!   the clusters near its entry when the entry changed.
+//! - [`InDegree`]. Trigger: `indeg:dirty` of `p:<url>` (weak). Reads and writes: indegree's,
+//!   then export's when the in-degree changed and forward's when a cluster of one's names
+//!   changed. Notifies: the page's cluster, the aliases its chain concerns, itself when it
+//!   left change rows for later.
+//! - Twice is harmless: every stage writes only what differs from what it reads, and the
+//!   followers read what their leader wrote in the same transaction, so a second run of
+//!   the same input finds every value as the first left it and writes nothing (parse
+//!   queues the page for the search index again, which changes no document).
 
 use async_trait::async_trait;
 use bytes::Bytes;
