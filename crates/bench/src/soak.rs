@@ -34,6 +34,10 @@ const MIB: f64 = 1024.0 * 1024.0;
 struct Sample {
     minute: f64,
     rss_mib: f64,
+    /// jemalloc's live bytes and the pages it holds in RAM (`perc_allocator_bytes`): the
+    /// one against the other tells data that grows from memory the allocator keeps.
+    allocated_mib: f64,
+    allocator_resident_mib: f64,
     disk_mib: f64,
     /// Of `disk_mib`, the search index's share (DATA/search).
     search_mib: f64,
@@ -97,13 +101,21 @@ pub fn run(minutes: f64, pages: usize, extra: &[String]) -> Result<()> {
     let mut t = Table::new();
     t.add(
         "minute",
-        "RSS MiB / disk MiB (search) / pages",
+        "RSS MiB (allocated, allocator resident) / disk MiB (search) / pages",
         "fetches/s, oldest pending s, pending, recrawl lag s, non-200",
     );
     for s in &samples {
         t.add(
             format!("{:.0}", s.minute),
-            format!("{:.0} / {:.0} ({:.0}) / {}", s.rss_mib, s.disk_mib, s.search_mib, s.pages),
+            format!(
+                "{:.0} ({:.0}, {:.0}) / {:.0} ({:.0}) / {}",
+                s.rss_mib,
+                s.allocated_mib,
+                s.allocator_resident_mib,
+                s.disk_mib,
+                s.search_mib,
+                s.pages
+            ),
             format!(
                 "{:.0}, {:.1}, {}, {:.0}, {}",
                 s.fetches_per_s, s.oldest_s, s.pending, s.lag_s, s.not_ok
@@ -132,6 +144,12 @@ pub fn run(minutes: f64, pages: usize, extra: &[String]) -> Result<()> {
         "RSS growth, last half (the least-squares line's rise over it)",
         rss,
         format!("goal < 5% over the last hour of a 2-hour run; {rss_range}"),
+    );
+    let (allocated, allocated_range) = growth(|s| s.allocated_mib);
+    t.add(
+        "allocated growth, last half (jemalloc's live bytes)",
+        allocated,
+        format!("what the process holds, against what the allocator keeps; {allocated_range}"),
     );
     let (disk, disk_range) = growth(|s| s.disk_mib);
     t.add(
@@ -253,11 +271,14 @@ async fn soak(
                     continue;
                 }
             };
+            let allocator = allocator_mib(&http, &server.base).await;
             let now = (Instant::now(), fetches(&s));
             let secs = now.0.duration_since(last.0).as_secs_f64().max(0.001);
             let sample = Sample {
                 minute: started.elapsed().as_secs_f64() / 60.0,
                 rss_mib: rss_mib(server.pid())?,
+                allocated_mib: allocator.0,
+                allocator_resident_mib: allocator.1,
                 disk_mib: disk_bytes(data)? as f64 / MIB,
                 search_mib: disk_bytes(&data.join("search")).unwrap_or(0) as f64 / MIB,
                 pages: s["pages"].as_u64().unwrap_or(0),
@@ -268,14 +289,29 @@ async fn soak(
                 not_ok: std::mem::take(&mut not_ok),
             };
             eprintln!(
-                "soak: minute {:.0}: RSS {:.0} MiB, disk {:.0} MiB (search {:.0}), {} pages, {:.0} fetches/s, oldest pending {:.1} s",
-                sample.minute, sample.rss_mib, sample.disk_mib, sample.search_mib, sample.pages, sample.fetches_per_s, sample.oldest_s
+                "soak: minute {:.0}: RSS {:.0} MiB (allocated {:.0}, allocator resident {:.0}), disk {:.0} MiB (search {:.0}), {} pages, {:.0} fetches/s, oldest pending {:.1} s",
+                sample.minute, sample.rss_mib, sample.allocated_mib, sample.allocator_resident_mib, sample.disk_mib, sample.search_mib, sample.pages, sample.fetches_per_s, sample.oldest_s
             );
             samples.push(sample);
             last = now;
         }
     }
     Ok(samples)
+}
+
+/// jemalloc's allocated and resident MiB, from the server's `GET /metrics` (0 when absent).
+async fn allocator_mib(http: &reqwest::Client, base: &str) -> (f64, f64) {
+    let text = match http.get(format!("{base}/metrics")).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let figure = |kind: &str| {
+        let name = format!("perc_allocator_bytes{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&name)?.trim().parse::<f64>().ok())
+            .map_or(0.0, |b| b / MIB)
+    };
+    (figure("allocated"), figure("resident"))
 }
 
 /// A process's resident set (VmRSS), in MiB.

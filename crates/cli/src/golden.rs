@@ -21,7 +21,12 @@ pub(crate) async fn replay_command(
     if files.is_empty() {
         bail!("replay needs at least one WARC file");
     }
-    let app = Pipeline::open(config, Fetching::Offline, Create::IfMissing).await?;
+    let app = Pipeline::builder(config)
+        .fetching(Fetching::Offline)
+        .create(Create::IfMissing)
+        .kind("replay")
+        .open()
+        .await?;
     let result = match &check {
         None => replay(&app, files, stop).await,
         Some(check) => replay_expect(&app, files, check, stop).await,

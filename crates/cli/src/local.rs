@@ -27,8 +27,12 @@ pub(crate) async fn crawl_command(
     let seeds = read_seeds(seeds, config.crawl.seeds_max)?;
     let scope = crawl_scope(&config, &seeds, prefixes)?;
     let recorder = warc_out.map(|p| perc_pipeline::Recorder::create(p, append)).transpose()?;
-    let app =
-        Pipeline::open(config, Fetching::Live { warc_out: recorder }, Create::IfMissing).await?;
+    let app = Pipeline::builder(config)
+        .fetching(Fetching::Live { warc_out: recorder })
+        .create(Create::IfMissing)
+        .kind("crawl")
+        .open()
+        .await?;
     let result = crawl(&app, &seeds, &scope, stop).await;
     app.close().await?;
     result
@@ -37,7 +41,7 @@ pub(crate) async fn crawl_command(
 /// `perc canonical URL`.
 pub(crate) async fn canonical(config: config::Config, url: &str) -> Result<ExitCode> {
     let url = parse_url(url)?;
-    let app = existing!(config, Fetching::Offline);
+    let app = existing!(config, Fetching::Offline, "canonical");
     let answer = app.canonical(&url).await?;
     app.close().await?;
     match answer {
@@ -55,7 +59,7 @@ pub(crate) async fn canonical(config: config::Config, url: &str) -> Result<ExitC
 /// `perc page URL`.
 pub(crate) async fn page(config: config::Config, url: &str) -> Result<ExitCode> {
     let url = parse_url(url)?;
-    let app = existing!(config, Fetching::Offline);
+    let app = existing!(config, Fetching::Offline, "page");
     let record = app.page_json(&url).await?;
     app.close().await?;
     match record {
@@ -76,7 +80,7 @@ pub(crate) async fn search_command(
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
     let limit = search_limit(&config, limit)?;
-    let app = existing!(config, Fetching::Offline);
+    let app = existing!(config, Fetching::Offline, "search");
     let hits = search(&app, &query.join(" "), limit, stop).await;
     app.close().await?;
     print_hits(&query.join(" "), hits?)
@@ -84,7 +88,7 @@ pub(crate) async fn search_command(
 
 /// `perc export --out FILE`.
 pub(crate) async fn export(config: config::Config, out: &Path) -> Result<ExitCode> {
-    let app = existing!(config, Fetching::Offline);
+    let app = existing!(config, Fetching::Offline, "export");
     let written = write_export(&app, out).await;
     app.close().await?;
     let n = written?;
@@ -101,7 +105,7 @@ pub(crate) async fn refetch(
     all: bool,
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
-    let app = existing!(config, Fetching::Live { warc_out: None });
+    let app = existing!(config, Fetching::Live { warc_out: None }, "refetch");
     let targets: Option<Vec<Url>> = if all {
         None
     } else {
@@ -122,7 +126,7 @@ pub(crate) async fn refetch(
 
 /// `perc status`.
 pub(crate) async fn status_command(config: config::Config) -> Result<ExitCode> {
-    let app = existing!(config, Fetching::Offline);
+    let app = existing!(config, Fetching::Offline, "status");
     let shown = status(&app).await;
     app.close().await?;
     shown?;
@@ -131,7 +135,7 @@ pub(crate) async fn status_command(config: config::Config) -> Result<ExitCode> {
 
 /// `perc wait`.
 pub(crate) async fn wait(config: config::Config, stop: &CancellationToken) -> Result<ExitCode> {
-    let app = existing!(config, Fetching::Live { warc_out: None });
+    let app = existing!(config, Fetching::Live { warc_out: None }, "wait");
     let waited = app.wait(stop).await;
     app.close().await?;
     waited?;

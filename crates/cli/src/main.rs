@@ -31,8 +31,14 @@ macro_rules! say {
 /// Opens the store for a command that only reads or adds to an index that exists: a store
 /// directory that does not exist (a typo in --data, most likely) is "no perc store", exit 1.
 macro_rules! existing {
-    ($config:expr, $fetching:expr) => {
-        match perc_pipeline::Pipeline::open($config, $fetching, perc_pipeline::Create::No).await {
+    ($config:expr, $fetching:expr, $kind:expr) => {
+        match perc_pipeline::Pipeline::builder($config)
+            .fetching($fetching)
+            .create(perc_pipeline::Create::No)
+            .kind($kind)
+            .open()
+            .await
+        {
             Ok(app) => app,
             Err(e @ PipelineError::NoStore { .. }) => {
                 say!("{e}");
@@ -56,6 +62,24 @@ use args::{Cli, Command};
 /// jemalloc, with one arena for every thread (`.cargo/config.toml` says why).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's figures, bytes by kind, as of now (`perc_allocator_bytes` in `GET /metrics`);
+/// a figure it cannot read is left out.
+fn allocator_figures() -> Vec<(&'static str, u64)> {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    if epoch::advance().is_err() {
+        return Vec::new();
+    }
+    let figures = [
+        ("allocated", stats::allocated::read()),
+        ("active", stats::active::read()),
+        ("resident", stats::resident::read()),
+        ("mapped", stats::mapped::read()),
+        ("retained", stats::retained::read()),
+        ("metadata", stats::metadata::read()),
+    ];
+    figures.into_iter().filter_map(|(kind, n)| Some((kind, n.ok()? as u64))).collect()
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -48,7 +48,12 @@ pub(crate) async fn oracle(
 
 /// `perc worker`: runs the observers on the shared store until stopped.
 pub(crate) async fn worker(config: config::Config, stop: &CancellationToken) -> Result<ExitCode> {
-    let app = Pipeline::open(config, Fetching::Live { warc_out: None }, Create::IfMissing).await?;
+    let app = Pipeline::builder(config)
+        .fetching(Fetching::Live { warc_out: None })
+        .create(Create::IfMissing)
+        .kind("worker")
+        .open()
+        .await?;
     out!("worker {} running", app.worker_id());
     std::io::stdout().flush()?;
     let worked = app.work(stop).await;
@@ -94,13 +99,19 @@ pub(crate) async fn serve(
         // Bad prefixes fail here, before the store is opened.
         crawl_scope(&config, seeds, prefixes)?;
     }
-    let app = Pipeline::open(config, Fetching::Live { warc_out: None }, Create::IfMissing).await?;
+    let app = Pipeline::builder(config)
+        .fetching(Fetching::Live { warc_out: None })
+        .create(Create::IfMissing)
+        .kind("serve")
+        .open()
+        .await?;
     let token = perc_serve::token(&serve_config, data.as_deref())?;
     let start = perc_serve::Start {
         data: data.as_deref(),
         token,
         seeds: seeds.unwrap_or_default(),
         prefixes: prefixes.to_vec(),
+        allocator: Some(crate::allocator_figures),
     };
     perc_serve::run(app, &serve_config, listener, start, stop, |addr| {
         // A closed stdout loses the line, and nothing else: the address is in serve.json.
@@ -135,7 +146,12 @@ pub(crate) async fn demo(
     out!("serving {} at {base}", site.display());
     let seeds = std::slice::from_ref(&base);
     let scope = crawl_scope(&config, seeds, &[])?;
-    let app = Pipeline::open(config, Fetching::Live { warc_out: None }, Create::IfMissing).await?;
+    let app = Pipeline::builder(config)
+        .fetching(Fetching::Live { warc_out: None })
+        .create(Create::IfMissing)
+        .kind("demo")
+        .open()
+        .await?;
     crawl(&app, seeds, &scope, stop).await?;
     out!();
     for path in

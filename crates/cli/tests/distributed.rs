@@ -270,6 +270,11 @@ fn three_workers_on_bigtable_replay_to_the_embedded_export() {
     assert!(status.contains("processes on this store (3 alive):"), "{status}");
     assert_eq!(status.matches(" alive ").count(), 3, "{status}");
     assert_eq!(status.matches("2 scanner(s)").count(), 3, "{status}");
+    // Each named by what it is: `perc worker`.
+    let kind = |l: &str| l.split_whitespace().nth(1).map(str::to_owned);
+    let named =
+        status.lines().filter(|l| l.contains(" alive ") && kind(l).as_deref() == Some("worker"));
+    assert_eq!(named.count(), 3, "{status}");
     // (The oracle keeps its mark in its own table, "perc", not in this one.)
     let oracle = format!("oracle:                        {}, epoch ", fixture.oracle_addr);
     assert!(status.contains(&oracle), "{status}");

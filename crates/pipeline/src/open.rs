@@ -54,6 +54,7 @@ pub struct Builder {
     oracle: Option<Arc<dyn Oracle>>,
     source: Option<Arc<dyn Source>>,
     clock: Option<Arc<dyn Clock>>,
+    kind: &'static str,
 }
 
 impl Pipeline {
@@ -72,6 +73,7 @@ impl Pipeline {
             oracle: None,
             source: None,
             clock: None,
+            kind: "",
         }
     }
 }
@@ -108,6 +110,13 @@ impl Builder {
 
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Builder {
         self.clock = Some(clock);
+        self
+    }
+
+    /// What this process is, in a word ("crawl", "worker", "serve"): the liveness registry
+    /// publishes it, and `perc status` names each process by it.
+    pub fn kind(mut self, kind: &'static str) -> Builder {
+        self.kind = kind;
         self
     }
 
@@ -177,6 +186,9 @@ impl Builder {
             client_for(store.clone(), oracle, clock.clone(), txn, registry.clone()).await?;
         // One process, two clients: the registry shows them as the engine's process.
         client.set_process(engine_client.id());
+        for c in [&client, &engine_client] {
+            c.set_kind(perc_txn::ProcessKind::new(self.kind));
+        }
         client.heartbeat().await?;
         // A store an earlier perc wrote is brought to this one's layout before any run.
         let upgraded = perc_observers::upgrade(&client).await?;

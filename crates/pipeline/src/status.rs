@@ -40,6 +40,8 @@ pub struct Status {
 pub struct WorkerStatus {
     /// The process, named by its main client (the one that runs its observers).
     pub worker: perc_txn::ClientId,
+    /// What it is ("crawl", "worker", "serve"...: the command it runs); empty if unsaid.
+    pub kind: String,
     pub alive: bool,
     /// Since it registered, and since its last heartbeat (ms).
     pub age_ms: u64,
@@ -85,12 +87,16 @@ impl Pipeline {
             }
             let p = by_process.entry(w.about.process).or_insert(WorkerStatus {
                 worker: w.about.process,
+                kind: String::new(),
                 alive: false,
                 age_ms: 0,
                 heartbeat_age_ms: u64::MAX,
                 scanners: 0,
                 leases: 0,
             });
+            if p.kind.is_empty() {
+                p.kind = w.about.kind.as_str().to_owned();
+            }
             p.alive |= alive;
             p.age_ms = p.age_ms.max(now.saturating_sub(w.about.started_ms));
             p.heartbeat_age_ms = p.heartbeat_age_ms.min(now.saturating_sub(w.heartbeat_ms));

@@ -62,8 +62,9 @@ impl Status {
             for w in &st.workers {
                 line!(
                     text,
-                    "  {:<24} {:<5} up {:>8}  heartbeat {:>8} ago  {} scanner(s)  {} lease(s)",
+                    "  {:<24} {:<9} {:<5} up {:>8}  heartbeat {:>8} ago  {} scanner(s)  {} lease(s)",
                     w.worker.to_string(),
+                    if w.kind.is_empty() { "-" } else { &w.kind },
                     if w.alive { "alive" } else { "dead" },
                     duration(w.age_ms),
                     duration(w.heartbeat_age_ms),

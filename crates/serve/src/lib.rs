@@ -76,6 +76,8 @@ struct Served {
     background: tokio::runtime::Handle,
     /// The `Host` headers answered (see [`allowed_hosts`]); `None`: any.
     hosts: Option<Vec<String>>,
+    /// The allocator's figures for `GET /metrics` ([`Start::allocator`]).
+    allocator: Option<fn() -> Vec<(&'static str, u64)>>,
 }
 
 /// The `Host` headers a server listening on `addr` answers. On loopback, only its own names
@@ -105,6 +107,9 @@ pub struct Start<'a> {
     /// prefixes that narrow their scope.
     pub seeds: Vec<Url>,
     pub prefixes: Vec<String>,
+    /// The process allocator's figures, bytes by kind (`allocated`, `resident`, ...), for
+    /// `GET /metrics`: the binary knows its global allocator, this crate does not.
+    pub allocator: Option<fn() -> Vec<(&'static str, u64)>>,
 }
 
 /// The write endpoints' token: `serve.token`, else the one in `DATA/serve.token`, made
@@ -151,7 +156,7 @@ pub async fn run(
     stop: CancellationToken,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), PipelineError> {
-    let Start { data, token, seeds, prefixes } = start;
+    let Start { data, token, seeds, prefixes, allocator } = start;
     let addr = listener.local_addr().map_err(io("cannot read the listening address"))?;
     let listener = listener.into_std().map_err(io("cannot hand over the listener"))?;
     // Installed before the workers start, so that their runs are recorded.
@@ -217,6 +222,7 @@ pub async fn run(
         stall: Duration::from_millis(config.stall_ms),
         background: indexing.handle().clone(),
         hosts: allowed_hosts(addr, &config.hosts),
+        allocator,
     });
     if let Some((scope, seeds)) = seeded {
         state.read_sitemaps(seeds, scope);

@@ -73,6 +73,13 @@ fn describe() {
         "Now minus the oldest due time not fetched yet"
     );
     describe_gauge!("perc_search_documents", "Documents in the search index");
+    describe_gauge!(
+        "perc_allocator_bytes",
+        Unit::Bytes,
+        "The memory allocator's figures, by kind: allocated (live objects), active (their \
+         pages), resident (held in RAM, its own metadata included), retained (unmapped back \
+         to the system but kept as address space)"
+    );
     describe_histogram!(
         "perc_http_request_seconds",
         Unit::Seconds,
@@ -85,6 +92,7 @@ pub async fn render(
     app: &Pipeline,
     st: perc_pipeline::Status,
     search: Option<&SearchIndex>,
+    allocator: Option<fn() -> Vec<(&'static str, u64)>>,
 ) -> Result<String, PipelineError> {
     let Some(handle) = recorder() else { return Ok(String::new()) };
     let r = &st.report;
@@ -148,6 +156,9 @@ pub async fn render(
     gauge!("perc_recrawl_lag_seconds").set(lag_ms as f64 / 1000.0);
     if let Some(index) = search {
         gauge!("perc_search_documents").set(index.len() as f64);
+    }
+    for (kind, bytes) in allocator.map(|figures| figures()).unwrap_or_default() {
+        gauge!("perc_allocator_bytes", "kind" => kind).set(bytes as f64);
     }
     handle.run_upkeep();
     Ok(handle.render())

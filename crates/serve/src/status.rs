@@ -151,7 +151,7 @@ fn escape(raw: &str) -> String {
 /// `GET /metrics`: Prometheus text (see [`metrics`]).
 pub(crate) async fn scrape(State(s): State<Arc<Served>>) -> Answer {
     let (status, _) = s.read_status().await?;
-    let text = metrics::render(&s.app, status, s.search.as_deref()).await?;
+    let text = metrics::render(&s.app, status, s.search.as_deref(), s.allocator).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 

@@ -12,7 +12,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::{
-    ClientId, Clock, Liveness, Retryable, Transaction, TxnConfig, TxnError, Watch, WatchNothing,
+    ClientId, Clock, Liveness, ProcessKind, Retryable, Transaction, TxnConfig, TxnError, Watch,
+    WatchNothing,
 };
 
 /// How long [`Client::retrying`] retries before it says that it is waiting.
@@ -40,6 +41,8 @@ pub(crate) struct Inner {
     pub(crate) scanners: AtomicU32,
     /// The process this client belongs to (its main client's id; its own by default).
     pub(crate) process: AtomicU64,
+    /// What its process is (published with its heartbeat).
+    pub(crate) kind: Mutex<ProcessKind>,
     /// Start timestamps of this worker's open transactions (a multiset), and the newest
     /// timestamp it has received: together they bound from below every start_ts this worker
     /// will ever use (its low watermark).
@@ -81,6 +84,7 @@ impl Client {
                 started_ms: clock.now_ms(),
                 scanners: AtomicU32::new(0),
                 process: AtomicU64::new(id.0),
+                kind: Mutex::new(ProcessKind::default()),
                 store,
                 oracle,
                 clock,
@@ -128,6 +132,7 @@ impl Client {
             started_ms: i.started_ms,
             scanners: i.scanners.load(Ordering::Relaxed),
             process: ClientId(i.process.load(Ordering::Relaxed)),
+            kind: *i.kind.lock().unwrap_or_else(|e| e.into_inner()),
         };
         i.liveness.heartbeat_with(i.id, self.low_watermark(), about).await?;
         self.inner.last_heartbeat_ms.store(now, Ordering::Relaxed);
@@ -144,6 +149,12 @@ impl Client {
     /// main client is `process` (`perc status` shows a process once).
     pub fn set_process(&self, process: ClientId) {
         self.inner.process.store(process.0, Ordering::Relaxed);
+    }
+
+    /// Publishes, from the next heartbeat on, what this client's process is ("serve",
+    /// "worker": `perc status` names it).
+    pub fn set_kind(&self, kind: ProcessKind) {
+        *self.inner.kind.lock().unwrap_or_else(|e| e.into_inner()) = kind;
     }
 
     /// No transaction of this worker, open or future, has a start_ts below this.

@@ -41,7 +41,7 @@ pub use client::Client;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use commit::{CommitStep, Crashed};
 pub use error::{Retryable, TxnError};
-pub use liveness::Liveness;
+pub use liveness::{Liveness, ProcessKind};
 pub use record::{ClientId, LockRecord, WriteKind, WriteRecord};
 pub use transaction::{Probes, RangeScan, Transaction, Version};
 

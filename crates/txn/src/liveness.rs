@@ -68,6 +68,41 @@ pub struct About {
     pub scanners: u32,
     /// The process it belongs to, named by that process's main client.
     pub process: ClientId,
+    /// What that process is, in its owner's word (empty: not said).
+    pub kind: ProcessKind,
+}
+
+/// What a process is, in a word its owner chooses ("serve", "worker"): up to
+/// [`ProcessKind::MAX`] bytes of UTF-8, cut at a character boundary.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessKind {
+    len: u8,
+    bytes: [u8; ProcessKind::MAX],
+}
+
+impl ProcessKind {
+    pub const MAX: usize = 15;
+
+    pub fn new(word: &str) -> ProcessKind {
+        let mut len = word.len().min(ProcessKind::MAX);
+        while !word.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0; ProcessKind::MAX];
+        bytes[..len].copy_from_slice(&word.as_bytes()[..len]);
+        ProcessKind { len: len as u8, bytes }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Made from a `&str` cut at a boundary, or decoded and checked.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl std::fmt::Debug for ProcessKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
 }
 
 #[derive(Clone)]
@@ -78,18 +113,27 @@ pub struct Liveness {
 }
 
 fn decode(worker: ClientId, raw: &[u8]) -> Result<WorkerEntry, TxnError> {
-    if raw.len() != 16 && raw.len() != 36 {
-        return Err(TxnError::Corrupt(format!("heartbeat of {worker}: {} bytes", raw.len())));
+    // 16 bytes: heartbeat and watermark; 36: and what it is about; then its kind's word.
+    let kind = raw.get(36..).map(std::str::from_utf8);
+    let corrupt = || TxnError::Corrupt(format!("heartbeat of {worker}: {} bytes", raw.len()));
+    if raw.len() != 16 && (raw.len() < 36 || raw.len() > 36 + ProcessKind::MAX) {
+        return Err(corrupt());
     }
     let u64_at = |i: usize| u64::from_be_bytes(raw[i..i + 8].try_into().unwrap());
     let heartbeat_ms = u64_at(0);
-    let about = match raw.len() {
-        36 => About {
+    let about = match kind {
+        Some(kind) => About {
             started_ms: u64_at(16),
             scanners: u32::from_be_bytes(raw[24..28].try_into().unwrap()),
             process: ClientId(u64_at(28)),
+            kind: ProcessKind::new(kind.map_err(|_| corrupt())?),
         },
-        _ => About { started_ms: heartbeat_ms, scanners: 0, process: worker },
+        None => About {
+            started_ms: heartbeat_ms,
+            scanners: 0,
+            process: worker,
+            kind: ProcessKind::default(),
+        },
     };
     Ok(WorkerEntry { worker, heartbeat_ms, low_watermark: Ts(u64_at(8)), about })
 }
@@ -106,7 +150,12 @@ impl Liveness {
     /// Writes `worker`'s heartbeat at the current wall time, with its low watermark, as a
     /// process of its own that started now and runs no scanners.
     pub async fn heartbeat(&self, worker: ClientId, low_watermark: Ts) -> Result<(), TxnError> {
-        let about = About { started_ms: self.clock.now_ms(), scanners: 0, process: worker };
+        let about = About {
+            started_ms: self.clock.now_ms(),
+            scanners: 0,
+            process: worker,
+            kind: ProcessKind::default(),
+        };
         self.heartbeat_with(worker, low_watermark, about).await
     }
 
@@ -118,12 +167,13 @@ impl Liveness {
         about: About,
     ) -> Result<(), TxnError> {
         let now = self.clock.now_ms();
-        let mut value = Vec::with_capacity(36);
+        let mut value = Vec::with_capacity(36 + ProcessKind::MAX);
         value.extend_from_slice(&now.to_be_bytes());
         value.extend_from_slice(&low_watermark.0.to_be_bytes());
         value.extend_from_slice(&about.started_ms.to_be_bytes());
         value.extend_from_slice(&about.scanners.to_be_bytes());
         value.extend_from_slice(&about.process.0.to_be_bytes());
+        value.extend_from_slice(about.kind.as_str().as_bytes());
         let m = Mutation::Put { column: column(), ts: Ts::ZERO, value: value.into() };
         self.store.mutate_rows(&[RowMutation { row: row(worker), mutations: vec![m] }]).await?;
         Ok(())
@@ -184,5 +234,40 @@ impl Liveness {
             out.push((entry, alive));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+
+    #[tokio::test]
+    async fn a_heartbeat_says_what_its_process_is_and_older_ones_still_read() {
+        let store: Arc<dyn Store> =
+            Arc::new(perc_store::MemStore::new(perc_store::Schema::new(crate::FAMILIES)));
+        let clock = Arc::new(ManualClock::new(1_000));
+        let liveness = Liveness::new(store.clone(), clock, 5_000);
+        let about = About {
+            started_ms: 7,
+            scanners: 2,
+            process: ClientId(9),
+            kind: ProcessKind::new("serve"),
+        };
+        liveness.heartbeat_with(ClientId(3), Ts(4), about).await.unwrap();
+        let (entry, alive) = liveness.workers().await.unwrap()[0];
+        assert!(alive);
+        assert_eq!(entry.about, about);
+        assert_eq!(entry.about.kind.as_str(), "serve");
+
+        // A heartbeat written before processes said their kind (36 bytes) reads as unsaid.
+        let mut raw = vec![0u8; 36];
+        raw[..8].copy_from_slice(&1_000u64.to_be_bytes());
+        assert_eq!(decode(ClientId(3), &raw).unwrap().about.kind.as_str(), "");
+        // A word too long is cut at a character boundary; bytes beyond the bound are corrupt.
+        assert_eq!(ProcessKind::new("replay-and-index-é").as_str(), "replay-and-inde");
+        assert_eq!(ProcessKind::new("abcdefghijklmné").as_str(), "abcdefghijklmn");
+        assert!(decode(ClientId(3), &[0u8; 36 + ProcessKind::MAX + 1]).is_err());
+        assert!(decode(ClientId(3), &[0u8; 20]).is_err());
     }
 }
