@@ -35,7 +35,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Pending};
 use crate::observer::NotifyKind;
 use perc_store::Ts;
 use perc_txn::gc;
@@ -138,6 +138,45 @@ impl Shared {
     /// runs in flight (~700 reads of the notify family an update did).
     fn news(&self) -> u64 {
         self.engine.notifying_commits.load(Ordering::SeqCst) + self.refound.load(Ordering::SeqCst)
+    }
+
+    /// Keeps a few of `batch`'s rows in the sample random starts are drawn from.
+    fn sample_rows(&self, batch: &[Pending], rng: &mut SmallRng) {
+        let mut sample = self.sample.lock().unwrap_or_else(|e| e.into_inner());
+        for p in batch.iter().take(4) {
+            if sample.len() < SAMPLE_ROWS {
+                sample.push(p.row.clone());
+            } else {
+                let i = rng.random_range(0..SAMPLE_ROWS);
+                sample[i] = p.row.clone();
+            }
+        }
+    }
+
+    /// Whether the weak notification `key` waits to be gathered with more: while the
+    /// workers are busy, until `window` after a scanner first saw it (then `round` notes
+    /// when it is due). One not held back is forgotten.
+    fn held_back(
+        &self,
+        key: &(Bytes, Bytes),
+        window: u64,
+        busy_runs: usize,
+        round: &mut Round,
+    ) -> bool {
+        let now = self.engine.client().clock().now_ms();
+        let mut seen = self.first_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let sighting = seen.entry(key.clone()).or_insert(Seen { first: now, last: now });
+        sighting.last = now;
+        let first = sighting.first;
+        let busy = self.engine.in_flight.load(Ordering::SeqCst) >= busy_runs;
+        if busy && now < first + window {
+            let at = first + window;
+            round.due = Some(round.due.map_or(at, |d| d.min(at)));
+            round.held += 1;
+            return true;
+        }
+        seen.remove(key);
+        false
     }
 }
 
@@ -262,32 +301,48 @@ fn random_start(shared: &Shared, rng: &mut SmallRng) -> Bytes {
     }
 }
 
+/// What a scanner keeps through a round of the notify family, and from one round to the
+/// next.
+struct Round {
+    /// Where this round began: a round that began part-way reads on from the first row when
+    /// it reaches the end, before it pauses.
+    from: Bytes,
+    /// Whether it found any notification.
+    found: bool,
+    /// What the news count was when this round began: more since means read again at once.
+    news_at: u64,
+    /// The earliest moment a notification held back this round is due, and how many were.
+    due: Option<u64>,
+    held: u64,
+    /// Rounds in a row that found nothing: the idle pause doubles with each.
+    empty_rounds: u32,
+    /// The earliest stage this round, and the last, found notifications of: work upstream
+    /// of the weak notifications of later stages, which then wait longer (up to
+    /// UPSTREAM_WINDOWS windows) so that they run after it (an export after the in-degree
+    /// and the canonical it shows).
+    upstream_now: usize,
+    upstream_last: usize,
+}
+
 async fn scanner(shared: Arc<Shared>, me: usize) {
     let engine = shared.engine.clone();
     let config = engine.config().clone();
     let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_add(me as u64));
     let mut pos = random_start(&shared, &mut rng);
-    // Where this round began: a round that began part-way reads on from the first row when
-    // it reaches the end, before it pauses.
-    let mut round_from = pos.clone();
-    let mut found_since_wrap = false;
-    // What the news count was when this round began: more since means read again at once.
-    let mut news_at = shared.news();
-    // The earliest moment a notification held back this round is due.
-    let mut due: Option<u64> = None;
-    // How many notifications this round held back.
-    let mut held = 0u64;
-    // Rounds in a row that found nothing: the idle pause doubles with each.
-    let mut empty_rounds = 0u32;
+    let mut round = Round {
+        from: pos.clone(),
+        found: false,
+        news_at: shared.news(),
+        due: None,
+        held: 0,
+        empty_rounds: 0,
+        upstream_now: usize::MAX,
+        upstream_last: usize::MAX,
+    };
     let busy_runs = (config.concurrency / 2).max(1);
     // The last batch: how many runs it dispatched, and the refusal count before it.
     let mut last_dispatched = 0u64;
     let mut refused_before = engine.lease_refused.load(Ordering::Relaxed);
-    // The earliest stage this round, and the last, found notifications of: work upstream of
-    // the weak notifications of later stages, which then wait longer (up to
-    // UPSTREAM_WINDOWS windows) so that they run after it (an export after the in-degree and
-    // the canonical it shows).
-    let (mut upstream_now, mut upstream_last) = (usize::MAX, usize::MAX);
     while !shared.stop.is_cancelled() && engine.fatal().is_none() {
         shared.positions.lock().unwrap_or_else(|e| e.into_inner())[me] = pos.clone();
         let (batch, next) = match engine.scan(&pos, config.scan_batch).await {
@@ -309,21 +364,11 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             if behind || crowded {
                 last_dispatched = 0;
                 pos = random_start(&shared, &mut rng);
-                round_from = pos.clone();
+                round.from = pos.clone();
                 continue;
             }
-            {
-                let mut sample = shared.sample.lock().unwrap_or_else(|e| e.into_inner());
-                for p in batch.iter().take(4) {
-                    if sample.len() < SAMPLE_ROWS {
-                        sample.push(p.row.clone());
-                    } else {
-                        let i = rng.random_range(0..SAMPLE_ROWS);
-                        sample[i] = p.row.clone();
-                    }
-                }
-            }
-            found_since_wrap = true;
+            shared.sample_rows(&batch, &mut rng);
+            round.found = true;
         }
         refused_before = engine.lease_refused.load(Ordering::Relaxed);
         last_dispatched = 0;
@@ -335,23 +380,13 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             let reg = engine.registration(&p.column);
             let weak = reg.is_some_and(|r| r.kind == NotifyKind::Weak);
             let stage = reg.map_or(usize::MAX, |r| r.stage);
-            let upstream = upstream_now.min(upstream_last);
-            upstream_now = upstream_now.min(stage);
+            let upstream = round.upstream_now.min(round.upstream_last);
+            round.upstream_now = round.upstream_now.min(stage);
             if config.gather_ms > 0 && weak {
-                let now = engine.client().clock().now_ms();
-                let mut seen = shared.first_seen.lock().unwrap_or_else(|e| e.into_inner());
-                let sighting = seen.entry(key.clone()).or_insert(Seen { first: now, last: now });
-                sighting.last = now;
-                let first = sighting.first;
-                let busy = engine.in_flight.load(Ordering::SeqCst) >= busy_runs;
                 let window = if upstream < stage { UPSTREAM_WINDOWS } else { 1 } * config.gather_ms;
-                if busy && now < first + window {
-                    let at = first + window;
-                    due = Some(due.map_or(at, |d| d.min(at)));
-                    held += 1;
+                if shared.held_back(&key, window, busy_runs, &mut round) {
                     continue;
                 }
-                seen.remove(&key);
             }
             // A run that waits on the network takes a permit of its own pool, in a task of
             // its own that waits its turn: this scanner goes on to the notifications behind
@@ -381,83 +416,98 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
                     }
                 },
             };
-            let shared = shared.clone();
-            shared.handle.clone().spawn(async move {
-                let engine = &shared.engine;
-                let permit = match permit {
-                    Some(p) => p,
-                    None => {
-                        let turn = tokio::select! {
-                            p = shared.io_permits.clone().acquire_owned() => p.ok(),
-                            () = shared.stop.cancelled() => None,
-                        };
-                        shared.io_waiting.fetch_sub(1, Ordering::SeqCst);
-                        match turn {
-                            Some(p) => p,
-                            None => {
-                                shared.end_running(&key);
-                                return;
-                            }
-                        }
-                    }
-                };
-                engine.begin_tracked();
-                // A stop abandons a run that waits on the network (a host that takes its
-                // time): its notification stays, and is run again after a restart.
-                let run = engine.process_tracked(&p);
-                let done = match io {
-                    true => tokio::select! {
-                        r = run => Some(r),
-                        () = shared.stop.cancelled() => None,
-                    },
-                    false => Some(run.await),
-                };
-                if let Some(Err(e)) = done {
-                    if engine.fatal().is_none() {
-                        tracing::warn!(error = %e, row = %p.row.escape_ascii(), "notification processing failed");
-                    }
-                }
-                shared.end_running(&key);
-                drop(permit);
-            });
+            spawn_run(shared.clone(), p, key, io, permit);
         }
         match next {
             Some(n) => pos = n,
             None => {
                 // Wrapped around. After a whole round with nothing found, idle until woken.
                 pos = Bytes::new();
-                if !std::mem::take(&mut round_from).is_empty() {
+                if !std::mem::take(&mut round.from).is_empty() {
                     continue;
                 }
-                let now = engine.client().clock().now_ms();
-                let until_due = due.map(|d| d.saturating_sub(now).max(1));
-                empty_rounds = if found_since_wrap { 0 } else { empty_rounds.saturating_add(1) };
-                let idle = idle_pause(config.idle_ms, config.idle_max_ms, empty_rounds);
-                let pause = match (found_since_wrap, until_due) {
-                    (false, _) => idle,
-                    // Some of what was found is being gathered: look again when the first is
-                    // due, or earlier once enough runs finished to pay for reading it again.
-                    (true, Some(until_due)) => until_due,
-                    // All of it is running, here or elsewhere: look again when news comes.
-                    (true, None) => config.idle_ms,
-                };
-                let gathered = (held > 0).then_some(held / REREAD_PER_RUN);
-                pause_round(&shared, pause, busy_runs, gathered, news_at).await;
-                news_at = shared.news();
-                // Forget notifications no longer seen (another worker ran them).
-                let horizon = FORGET_WINDOWS * config.gather_ms.max(1);
-                forget_seen(
-                    &mut shared.first_seen.lock().unwrap_or_else(|e| e.into_inner()),
-                    now,
-                    horizon,
-                );
-                found_since_wrap = false;
-                due = None;
-                held = 0;
-                upstream_last = std::mem::replace(&mut upstream_now, usize::MAX);
+                end_round(&shared, &mut round, busy_runs).await;
             }
         }
     }
+}
+
+/// Runs `p` on a task of its own: with `permit`, at once; without (a run that waits on the
+/// network), once it has a permit of the network pool.
+fn spawn_run(
+    shared: Arc<Shared>,
+    p: Pending,
+    key: (Bytes, Bytes),
+    io: bool,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    shared.handle.clone().spawn(async move {
+        let engine = &shared.engine;
+        let permit = match permit {
+            Some(p) => p,
+            None => {
+                let turn = tokio::select! {
+                    p = shared.io_permits.clone().acquire_owned() => p.ok(),
+                    () = shared.stop.cancelled() => None,
+                };
+                shared.io_waiting.fetch_sub(1, Ordering::SeqCst);
+                match turn {
+                    Some(p) => p,
+                    None => {
+                        shared.end_running(&key);
+                        return;
+                    }
+                }
+            }
+        };
+        engine.begin_tracked();
+        // A stop abandons a run that waits on the network (a host that takes its time): its
+        // notification stays, and is run again after a restart.
+        let run = engine.process_tracked(&p);
+        let done = match io {
+            true => tokio::select! {
+                r = run => Some(r),
+                () = shared.stop.cancelled() => None,
+            },
+            false => Some(run.await),
+        };
+        if let Some(Err(e)) = done {
+            if engine.fatal().is_none() {
+                tracing::warn!(error = %e, row = %p.row.escape_ascii(), "notification processing failed");
+            }
+        }
+        shared.end_running(&key);
+        drop(permit);
+    });
+}
+
+/// The end of a round that read the whole notify family: pauses (idle after a round that
+/// found nothing; until the first held-back notification is due; until news), then forgets
+/// the notifications no longer seen and begins the next round.
+async fn end_round(shared: &Shared, round: &mut Round, busy_runs: usize) {
+    let config = shared.engine.config();
+    let now = shared.engine.client().clock().now_ms();
+    let until_due = round.due.map(|d| d.saturating_sub(now).max(1));
+    round.empty_rounds = if round.found { 0 } else { round.empty_rounds.saturating_add(1) };
+    let idle = idle_pause(config.idle_ms, config.idle_max_ms, round.empty_rounds);
+    let pause = match (round.found, until_due) {
+        (false, _) => idle,
+        // Some of what was found is being gathered: look again when the first is due, or
+        // earlier once enough runs finished to pay for reading it again.
+        (true, Some(until_due)) => until_due,
+        // All of it is running, here or elsewhere: look again when news comes.
+        (true, None) => config.idle_ms,
+    };
+    let gathered = (round.held > 0).then_some(round.held / REREAD_PER_RUN);
+    pause_round(shared, pause, busy_runs, gathered, round.news_at).await;
+    round.news_at = shared.news();
+    // Forget notifications no longer seen (another worker ran them).
+    let horizon = FORGET_WINDOWS * config.gather_ms.max(1);
+    forget_seen(&mut shared.first_seen.lock().unwrap_or_else(|e| e.into_inner()), now, horizon);
+    round.found = false;
+    round.due = None;
+    round.held = 0;
+    round.upstream_last = std::mem::replace(&mut round.upstream_now, usize::MAX);
 }
 
 /// When a scanner first and last saw a weak notification it holds back.

@@ -79,13 +79,7 @@ impl Transaction {
         if writes.is_empty() {
             // Nothing to commit, so no commit timestamp to look at the probes by: set them all.
             weak.extend(weak_if.into_keys());
-            if !weak.is_empty() {
-                let ts = client.oracle().next().await?;
-                set_notifications(store, weak, ts).await?;
-            }
-            if !after_commit.is_empty() {
-                store.mutate_rows(&after_commit).await?;
-            }
+            read_only(&client, weak, after_commit).await?;
             return Ok(Outcome::Committed(None));
         }
         // A worker whose heartbeat lapsed may have been declared dead: its locks may be gone
@@ -102,22 +96,7 @@ impl Transaction {
                 notify.insert((row.clone(), column.clone()));
             }
         }
-        // Group the buffer by row. A row whose every cell is unchecked is prewritten in one
-        // batch with the others like it; the rest one conditional mutation each, the primary
-        // (the first checked cell in key order, or the first cell if none is) first.
-        let mut rows: BTreeMap<Bytes, Vec<CellWrite>> = BTreeMap::new();
-        let mut checked_rows: BTreeSet<Bytes> = BTreeSet::new();
-        for ((row, column), value) in writes {
-            if !unchecked.contains(&(row.clone(), column.clone())) {
-                checked_rows.insert(row.clone());
-            }
-            rows.entry(row).or_default().push(CellWrite { column, value });
-        }
-        let primary_row = checked_rows
-            .first()
-            .cloned()
-            .unwrap_or_else(|| rows.first_key_value().map(|(r, _)| r.clone()).expect("non-empty"));
-        let primary_cells = rows.remove(&primary_row).expect("the primary's row is buffered");
+        let Rows { primary_row, primary_cells, checked, blind } = Rows::of(writes, &unchecked);
         let primary_column = primary_cells[0].column.clone();
         client.heartbeat_if_old().await?;
         let info = LockInfo {
@@ -143,40 +122,7 @@ impl Transaction {
             unfinished.disarm();
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
         }
-        let (checked, blind): (Vec<_>, Vec<_>) =
-            rows.into_iter().partition(|(row, _)| checked_rows.contains(row));
-        let (results, blind_result) = futures::future::join(
-            futures::future::join_all(
-                checked
-                    .iter()
-                    .map(|(row, cells)| actions::prewrite(store, row, cells, start_ts, &info)),
-            ),
-            actions::prewrite_unchecked(store, &blind, start_ts, &info),
-        )
-        .await;
-        if results.iter().any(Result::is_err) || blind_result.is_err() {
-            // Abort: our own locks go, the primary's first (with its rollback record).
-            let columns = unfinished.disarm();
-            actions::rollback_primary(store, &primary_row, &primary_column, &columns, start_ts)
-                .await?;
-            // The unchecked batch may have been written in part: roll all of it back.
-            let ours: Vec<(Bytes, Vec<Bytes>)> = checked
-                .iter()
-                .zip(&results)
-                .filter(|(_, r)| r.is_ok())
-                .map(|(row, _)| row)
-                .chain(&blind)
-                .map(|(row, cells)| (row.clone(), cells.iter().map(|c| c.column.clone()).collect()))
-                .collect();
-            actions::rollback_secondaries(store, &ours, start_ts).await?;
-            let err = results
-                .into_iter()
-                .find_map(Result::err)
-                .or(blind_result.err())
-                .expect("a prewrite failed");
-            clean_conflicting_lock(&client, &err).await?;
-            return Err(err);
-        }
+        prewrite_secondaries(&client, &mut unfinished, &checked, &blind, &info).await?;
         let secondaries: Vec<(Bytes, Vec<CellWrite>)> = checked.into_iter().chain(blind).collect();
         tracing::debug!(%start_ts, rows = secondaries.len() + 1, "prewritten; committing");
         if crash == Some(CommitStep::AfterPrewriteAll) {
@@ -227,6 +173,103 @@ impl Transaction {
         actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, after_commit).await?;
         Ok(Outcome::Committed(Some(commit_ts)))
     }
+}
+
+/// A commit's buffer grouped by row. A row whose every cell is unchecked (`blind`) is
+/// prewritten in one batch with the others like it; the rest (`checked`) one conditional
+/// mutation each, the primary (the first checked cell's row in key order, or the first row
+/// if none is) before all.
+struct Rows {
+    primary_row: Bytes,
+    primary_cells: Vec<CellWrite>,
+    checked: Vec<(Bytes, Vec<CellWrite>)>,
+    blind: Vec<(Bytes, Vec<CellWrite>)>,
+}
+
+impl Rows {
+    /// `writes` is not empty.
+    fn of(
+        writes: BTreeMap<(Bytes, Bytes), Option<Bytes>>,
+        unchecked: &BTreeSet<(Bytes, Bytes)>,
+    ) -> Rows {
+        let mut rows: BTreeMap<Bytes, Vec<CellWrite>> = BTreeMap::new();
+        let mut checked_rows: BTreeSet<Bytes> = BTreeSet::new();
+        for ((row, column), value) in writes {
+            if !unchecked.contains(&(row.clone(), column.clone())) {
+                checked_rows.insert(row.clone());
+            }
+            rows.entry(row).or_default().push(CellWrite { column, value });
+        }
+        let primary_row = checked_rows
+            .first()
+            .cloned()
+            .unwrap_or_else(|| rows.first_key_value().map(|(r, _)| r.clone()).expect("non-empty"));
+        let primary_cells = rows.remove(&primary_row).expect("the primary's row is buffered");
+        let (checked, blind) = rows.into_iter().partition(|(row, _)| checked_rows.contains(row));
+        Rows { primary_row, primary_cells, checked, blind }
+    }
+}
+
+/// A transaction that wrote nothing: its notifications (every one asked for, at a fresh
+/// timestamp) and its after-commit mutations.
+async fn read_only(
+    client: &Client,
+    notify: BTreeSet<(Bytes, Bytes)>,
+    after_commit: Vec<perc_store::RowMutation>,
+) -> Result<(), TxnError> {
+    let store = client.store().as_ref();
+    if !notify.is_empty() {
+        let ts = client.oracle().next().await?;
+        set_notifications(store, notify, ts).await?;
+    }
+    if !after_commit.is_empty() {
+        store.mutate_rows(&after_commit).await?;
+    }
+    Ok(())
+}
+
+/// Prewrites the rows beside the primary's, all at once. If one fails, the commit aborts:
+/// its own locks go, the primary's first (with its rollback record), and the error is
+/// returned.
+async fn prewrite_secondaries(
+    client: &Client,
+    unfinished: &mut Unfinished,
+    checked: &[(Bytes, Vec<CellWrite>)],
+    blind: &[(Bytes, Vec<CellWrite>)],
+    info: &LockInfo,
+) -> Result<(), TxnError> {
+    let store = client.store().as_ref();
+    let start_ts = unfinished.start_ts;
+    let (results, blind_result) = futures::future::join(
+        futures::future::join_all(
+            checked.iter().map(|(row, cells)| actions::prewrite(store, row, cells, start_ts, info)),
+        ),
+        actions::prewrite_unchecked(store, blind, start_ts, info),
+    )
+    .await;
+    if results.iter().all(Result::is_ok) && blind_result.is_ok() {
+        return Ok(());
+    }
+    let columns = unfinished.disarm();
+    let (primary_row, primary_column) = &info.primary;
+    actions::rollback_primary(store, primary_row, primary_column, &columns, start_ts).await?;
+    // The unchecked batch may have been written in part: roll all of it back.
+    let ours: Vec<(Bytes, Vec<Bytes>)> = checked
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_ok())
+        .map(|(row, _)| row)
+        .chain(blind)
+        .map(|(row, cells)| (row.clone(), cells.iter().map(|c| c.column.clone()).collect()))
+        .collect();
+    actions::rollback_secondaries(store, &ours, start_ts).await?;
+    let err = results
+        .into_iter()
+        .find_map(Result::err)
+        .or(blind_result.err())
+        .expect("a prewrite failed");
+    clean_conflicting_lock(client, &err).await?;
+    Err(err)
 }
 
 /// A commit between its primary's prewrite and its commit point. Left there (an error
