@@ -60,7 +60,6 @@ impl Observer for Fetch {
             last_modified: s.last_modified.clone(),
         });
         let mut head = RawHead { depth: want.depth, hops: want.hops, ..RawHead::default() };
-        let mut validators = Validators::default();
         let fetched = self.source.get_if(&url, &asked).await;
         // A 304 answers a conditional request only: validators come from a stored state.
         let not_modified = asked != Validators::default()
@@ -69,69 +68,11 @@ impl Observer for Fetch {
         if let Fetched::Response(r) = &fetched {
             metrics::counter!("perc_fetch_bytes_total").increment(r.body.len() as u64);
         }
-        // No answer worth keeping: none this time, or the server failing.
-        let failure = match &fetched {
-            Fetched::Unavailable(why) => Some(why.clone()),
-            Fetched::Response(r) if r.status >= 500 || r.status == 429 => {
-                Some(format!("HTTP {}", r.status))
-            }
-            _ => None,
-        };
-        let body = match fetched {
-            Fetched::Response(r) => {
-                validators = r.validators();
-                head.status = Some(r.status);
-                head.content_type = r.content_type;
-                head.charset = r.charset;
-                head.location = r.location.map(|l| l.to_string());
-                r.body
-            }
-            Fetched::Failed(why) | Fetched::Unavailable(why) => {
-                head.error = Some(why);
-                Bytes::new()
-            }
-            Fetched::Disallowed => {
-                head.error = Some("disallowed by robots.txt".into());
-                Bytes::new()
-            }
-        };
-        // The stored raw stands when the server says nothing changed, and when a fetch that
-        // failed finds an answer stored (a page keeps its last version through an outage;
-        // spec §11: nothing stored is lost). Only a new depth or hop count is written into it.
-        let stored = match (not_modified || failure.is_some(), &state) {
-            (true, Some(_)) => match txn.get(&page, col::RAW).await? {
-                Some(raw) => Some(
-                    model::decode_raw(&raw)
-                        .map_err(|e| IndexError::corrupt(format!("crawl:raw of {url}"), e))?,
-                ),
-                None => None,
-            },
-            _ => None,
-        };
-        let stands = stored.filter(|(old, _)| not_modified || old.status.is_some());
-        let kept = stands.is_some();
-        let written = match stands {
-            Some((mut old, old_body)) => {
-                if (old.depth, old.hops) != (want.depth, want.hops) {
-                    (old.depth, old.hops) = (want.depth, want.hops);
-                    write_raw(txn, &page, &old, &old_body)
-                } else {
-                    state.as_ref().map(|s| s.written.clone()).unwrap_or_default()
-                }
-            }
-            None if not_modified => write_raw(txn, &page, &head, &body),
-            None => {
-                let print = fingerprint(&head, &body);
-                if state.as_ref().is_none_or(|s| s.written != print) {
-                    txn.set(
-                        page.clone(),
-                        Bytes::from_static(col::RAW),
-                        model::encode_raw(&head, &body),
-                    );
-                }
-                print
-            }
-        };
+        let (body, mut validators, failure) = answer(fetched, &mut head);
+        let keeps = not_modified || failure.is_some();
+        let (written, kept) =
+            keep_or_write(txn, &page, state.as_ref(), &want, (&head, &body), keeps, not_modified)
+                .await?;
         let content = match &state {
             Some(s) if kept => s.content.clone(),
             _ => fingerprint(&RawHead { depth: 0, hops: 0, ..head.clone() }, &body),
@@ -146,27 +87,12 @@ impl Observer for Fetch {
             validators = asked;
         }
         let now = txn.client().clock().now_ms();
-        let recrawl = self.schedule.for_url(&url);
         let failures = match &failure {
             Some(_) => state.as_ref().map_or(0, |s| s.failures).saturating_add(1),
             None => 0,
         };
-        // A failure keeps the interval and asks again sooner; an answer sets the interval.
-        let (interval_s, wait_s) = match &failure {
-            Some(_) => {
-                let interval_s = state.as_ref().map_or(recrawl.interval_s, |s| s.interval_s);
-                (interval_s, recrawl.retry(interval_s, failures))
-            }
-            None => {
-                let interval_s = recrawl.next(state.as_ref().map(|s| s.interval_s), changed);
-                (interval_s, interval_s)
-            }
-        };
-        let next_ms = now.saturating_add(wait_s.saturating_mul(1000));
-        if let Some(s) = &state {
-            txn.delete(model::due_row(s.next_ms, url.as_str()), Bytes::from_static(col::DUE));
-        }
-        txn.set(model::due_row(next_ms, url.as_str()), Bytes::from_static(col::DUE), Bytes::new());
+        let (interval_s, next_ms) =
+            schedule_next(txn, &self.schedule, &url, state.as_ref(), failures, changed, now);
         let (was_changed, was_unchanged) =
             state.as_ref().map_or((0, 0), |s| (s.changed, s.unchanged));
         let answered = failure.is_none();
@@ -196,6 +122,117 @@ impl Observer for Fetch {
     fn waits_on_io(&self) -> bool {
         true
     }
+}
+
+/// The page's raw cell after a fetch, and whether the stored one was kept. The stored raw
+/// stands when the server says nothing changed (`not_modified`), and when a fetch that
+/// failed finds an answer stored (`keeps` without `not_modified`: a page keeps its last
+/// version through an outage, and nothing stored is lost); only a new depth or hop count is
+/// written into it. Otherwise what was fetched is written, unless it is what the cell holds.
+/// Returns the fingerprint of what the cell holds.
+async fn keep_or_write(
+    txn: &mut Transaction,
+    page: &Bytes,
+    state: Option<&FetchState>,
+    want: &Want,
+    (head, body): (&RawHead, &Bytes),
+    keeps: bool,
+    not_modified: bool,
+) -> Result<(String, bool), ObserverError> {
+    let stored = match (keeps, state) {
+        (true, Some(_)) => match txn.get(page, col::RAW).await? {
+            Some(raw) => Some(model::decode_raw(&raw).map_err(|e| {
+                let url = model::url_of(page).unwrap_or_default();
+                IndexError::corrupt(format!("crawl:raw of {url}"), e)
+            })?),
+            None => None,
+        },
+        _ => None,
+    };
+    let stands = stored.filter(|(old, _)| not_modified || old.status.is_some());
+    let kept = stands.is_some();
+    let written = match stands {
+        Some((mut old, old_body)) => {
+            if (old.depth, old.hops) != (want.depth, want.hops) {
+                (old.depth, old.hops) = (want.depth, want.hops);
+                write_raw(txn, page, &old, &old_body)
+            } else {
+                state.map(|s| s.written.clone()).unwrap_or_default()
+            }
+        }
+        None if not_modified => write_raw(txn, page, head, body),
+        None => {
+            let print = fingerprint(head, body);
+            if state.is_none_or(|s| s.written != print) {
+                txn.set(page.clone(), Bytes::from_static(col::RAW), model::encode_raw(head, body));
+            }
+            print
+        }
+    };
+    Ok((written, kept))
+}
+
+/// What a fetch got, written into `head`: the body, the server's validators, and the
+/// failure if it is no answer worth keeping (none this time, or the server failing).
+fn answer(fetched: Fetched, head: &mut RawHead) -> (Bytes, Validators, Option<String>) {
+    let failure = match &fetched {
+        Fetched::Unavailable(why) => Some(why.clone()),
+        Fetched::Response(r) if r.status >= 500 || r.status == 429 => {
+            Some(format!("HTTP {}", r.status))
+        }
+        _ => None,
+    };
+    let mut validators = Validators::default();
+    let body = match fetched {
+        Fetched::Response(r) => {
+            validators = r.validators();
+            head.status = Some(r.status);
+            head.content_type = r.content_type;
+            head.charset = r.charset;
+            head.location = r.location.map(|l| l.to_string());
+            r.body
+        }
+        Fetched::Failed(why) | Fetched::Unavailable(why) => {
+            head.error = Some(why);
+            Bytes::new()
+        }
+        Fetched::Disallowed => {
+            head.error = Some("disallowed by robots.txt".into());
+            Bytes::new()
+        }
+    };
+    (body, validators, failure)
+}
+
+/// When `url` is fetched next, written into the due index: a failure (the `failures`-th in
+/// a row) keeps the interval and asks again sooner; an answer sets the interval by whether
+/// the page `changed`. Returns the interval and the due time (ms).
+fn schedule_next(
+    txn: &mut Transaction,
+    schedule: &Schedule,
+    url: &url::Url,
+    state: Option<&FetchState>,
+    failures: u32,
+    changed: bool,
+    now: u64,
+) -> (u64, u64) {
+    let recrawl = schedule.for_url(url);
+    let (interval_s, wait_s) = match failures {
+        0 => {
+            let interval_s = recrawl.next(state.map(|s| s.interval_s), changed);
+            (interval_s, interval_s)
+        }
+        _ => {
+            let interval_s = state.map_or(recrawl.interval_s, |s| s.interval_s);
+            (interval_s, recrawl.retry(interval_s, failures))
+        }
+    };
+    let next_ms = now.saturating_add(wait_s.saturating_mul(1000));
+    if let Some(s) = state {
+        txn.delete(model::due_row(s.next_ms, url.as_str()), Bytes::from_static(col::DUE));
+    }
+    txn.set(model::due_row(next_ms, url.as_str()), Bytes::from_static(col::DUE), Bytes::new());
+    (interval_s, next_ms)
 }
 
 /// A fetch's outcome as the metrics name it: the status class, "not_modified", "failed"

@@ -75,6 +75,10 @@ fn metrics_agree_with_status(server: &Server) {
                 value("perc_store_calls_total", Some(("kind", "read_rows"))) > Some(0.0),
                 "{text}"
             );
+            // The allocator's figures: live bytes, within what it holds in RAM.
+            let allocated = value("perc_allocator_bytes", Some(("kind", "allocated")));
+            let resident = value("perc_allocator_bytes", Some(("kind", "resident")));
+            assert!(allocated > Some(1e6) && resident >= allocated, "{text}");
             return;
         }
         last = format!("{status}\n{text}");

@@ -444,6 +444,7 @@ mod tests {
             stall: Duration::from_millis(stall_ms),
             background: tokio::runtime::Handle::current(),
             hosts: None,
+            allocator: None,
         })
     }
 

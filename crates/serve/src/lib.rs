@@ -183,24 +183,7 @@ pub async fn run(
     // kept on threads of its own at a lower priority (`serve.indexing_nice`): otherwise a
     // request that finds both cores parsing pages waits for a time slice of theirs. (A
     // runtime is shut down, not dropped, on the way out: this is an async context.)
-    let api = runtime("perc-api", Some(config.api_threads), 0)?;
-    let indexing = match runtime("perc-index", None, config.indexing_nice) {
-        Ok(rt) => rt,
-        Err(e) => {
-            api.shutdown_background();
-            return Err(e);
-        }
-    };
-    // Every step that may fail is behind: the address is published now, and removed at
-    // the end.
-    let address_file = match data.map(|dir| write_address(dir, addr)).transpose() {
-        Ok(file) => file,
-        Err(e) => {
-            api.shutdown_background();
-            indexing.shutdown_background();
-            return Err(e);
-        }
-    };
+    let (api, indexing, address_file) = runtimes(config, data, addr)?;
     ready(addr);
     let indexer = match &search {
         Some(index) => {
@@ -227,25 +210,12 @@ pub async fn run(
     if let Some((scope, seeds)) = seeded {
         state.read_sitemaps(seeds, scope);
     }
-    let router = router(state.clone(), config);
-    let shutdown = stop.clone();
-    let grace = Duration::from_millis(config.shutdown_ms);
-    let stopping = stop.clone();
-    let bounds = listen::Bounds {
-        header_timeout: Duration::from_millis(config.header_timeout_ms),
-        connections_max: config.connections_max,
-    };
-    let serving = api.spawn(async move {
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let serving = listen::serve(listener, router, bounds, shutdown);
-        tokio::pin!(serving);
-        // Requests in flight get the grace period once a stop is asked for.
-        tokio::select! {
-            () = &mut serving => {}
-            () = stop_then(grace, &stopping) => {}
-        }
-        Ok::<_, std::io::Error>(())
-    });
+    let serving = api.spawn(serve_api(
+        listener,
+        router(state.clone(), config),
+        listen::Bounds::of(config),
+        stop.clone(),
+    ));
     let server =
         async move { serving.await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))) };
     let indexed = async {
@@ -282,6 +252,48 @@ pub async fn run(
     }
     worked?;
     served.map_err(io("the HTTP server failed"))
+}
+
+/// The API's runtime, the indexing's, and the address file (written now, removed at the
+/// end); on an error, what was started is stopped.
+fn runtimes(
+    config: &ServeConfig,
+    data: Option<&Path>,
+    addr: SocketAddr,
+) -> Result<(tokio::runtime::Runtime, tokio::runtime::Runtime, Option<PathBuf>), PipelineError> {
+    let api = runtime("perc-api", Some(config.api_threads), 0)?;
+    let indexing = match runtime("perc-index", None, config.indexing_nice) {
+        Ok(rt) => rt,
+        Err(e) => {
+            api.shutdown_background();
+            return Err(e);
+        }
+    };
+    match data.map(|dir| write_address(dir, addr)).transpose() {
+        Ok(file) => Ok((api, indexing, file)),
+        Err(e) => {
+            api.shutdown_background();
+            indexing.shutdown_background();
+            Err(e)
+        }
+    }
+}
+
+/// Answers on `listener` until `stop`, then gives the requests in flight the grace period.
+async fn serve_api(
+    listener: std::net::TcpListener,
+    router: Router,
+    bounds: listen::Bounds,
+    stop: CancellationToken,
+) -> Result<(), std::io::Error> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let serving = listen::serve(listener, router, bounds, stop.clone());
+    tokio::pin!(serving);
+    tokio::select! {
+        () = &mut serving => {}
+        () = stop_then(bounds.grace, &stop) => {}
+    }
+    Ok(())
 }
 
 /// A multi-threaded runtime whose threads are named `name` (`threads` of them, else one a

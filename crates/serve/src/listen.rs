@@ -28,6 +28,18 @@ use tokio_util::sync::CancellationToken;
 pub struct Bounds {
     pub header_timeout: Duration,
     pub connections_max: usize,
+    /// How long the requests in flight get once a stop is asked for.
+    pub grace: Duration,
+}
+
+impl Bounds {
+    pub fn of(config: &perc_pipeline::config::Serve) -> Bounds {
+        Bounds {
+            header_timeout: Duration::from_millis(config.header_timeout_ms),
+            connections_max: config.connections_max,
+            grace: Duration::from_millis(config.shutdown_ms),
+        }
+    }
 }
 
 /// How long an accept that failed for a local reason (no file descriptor) waits before the

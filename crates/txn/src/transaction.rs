@@ -428,33 +428,8 @@ impl Transaction {
                     .map(move |(row, r)| (i, row, r.start_ts))
             })
             .collect();
-        let mut found: Vec<BTreeMap<Bytes, Option<Bytes>>> = vec![BTreeMap::new(); ranges.len()];
-        if values == Values::Skip {
-            for (i, row, _) in puts {
-                found[i].insert(row, Some(Bytes::new()));
-            }
-        } else if !puts.is_empty() {
-            // Each range's data column, made once rather than once a row.
-            let data: Vec<_> =
-                ranges.iter().map(|(r, _)| data_col(&Bytes::copy_from_slice(r.column))).collect();
-            let reads: Vec<RowRead> = puts
-                .iter()
-                .map(|(i, row, ts)| RowRead {
-                    row: row.clone(),
-                    reads: vec![ColumnRead::newest(data[*i].clone(), TsRange::at(*ts))],
-                })
-                .collect();
-            for ((i, row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
-                let cell = got.remove(0).pop().ok_or_else(|| {
-                    TxnError::Corrupt(format!(
-                        "{}/{}: no data at {ts} for its write record",
-                        error::show(&row),
-                        error::show(&data[i].qualifier)
-                    ))
-                })?;
-                found[i].insert(row, Some(cell.value));
-            }
-        }
+        let columns: Vec<&[u8]> = ranges.iter().map(|(r, _)| r.column).collect();
+        let mut found = read_puts(store.as_ref(), &columns, puts, values).await?;
         for (i, (locked, _)) in per_range.into_iter().enumerate() {
             for row in locked {
                 let v = self.get(&row, ranges[i].0.column).await?;
@@ -639,4 +614,44 @@ impl Transaction {
 
 fn is_rollback(raw: &Bytes) -> bool {
     matches!(WriteRecord::decode(raw), Ok(WriteRecord { kind: WriteKind::Rollback, .. }))
+}
+
+/// The values of the puts `(range, row, start_ts)` found by a range scan, in one read, by
+/// range; with [`Values::Skip`], an empty value each. `columns` are the ranges' columns.
+async fn read_puts(
+    store: &dyn perc_store::Store,
+    columns: &[&[u8]],
+    puts: Vec<(usize, Bytes, Ts)>,
+    values: Values,
+) -> Result<Vec<BTreeMap<Bytes, Option<Bytes>>>, TxnError> {
+    let mut found: Vec<BTreeMap<Bytes, Option<Bytes>>> = vec![BTreeMap::new(); columns.len()];
+    if values == Values::Skip {
+        for (i, row, _) in puts {
+            found[i].insert(row, Some(Bytes::new()));
+        }
+        return Ok(found);
+    }
+    if puts.is_empty() {
+        return Ok(found);
+    }
+    // Each range's data column, made once rather than once a row.
+    let data: Vec<_> = columns.iter().map(|c| data_col(&Bytes::copy_from_slice(c))).collect();
+    let reads: Vec<RowRead> = puts
+        .iter()
+        .map(|(i, row, ts)| RowRead {
+            row: row.clone(),
+            reads: vec![ColumnRead::newest(data[*i].clone(), TsRange::at(*ts))],
+        })
+        .collect();
+    for ((i, row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
+        let cell = got.remove(0).pop().ok_or_else(|| {
+            TxnError::Corrupt(format!(
+                "{}/{}: no data at {ts} for its write record",
+                error::show(&row),
+                error::show(&data[i].qualifier)
+            ))
+        })?;
+        found[i].insert(row, Some(cell.value));
+    }
+    Ok(found)
 }
