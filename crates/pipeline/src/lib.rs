@@ -23,19 +23,12 @@ mod stats;
 mod status;
 pub mod status_text;
 
-use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bytes::Bytes;
-use perc_crawl::warc::{Recorded, WarcIssue};
-use perc_notify::{Engine, FailedEntry, ObserverStats, Workers};
-use perc_observers::IndexError;
+use perc_notify::Engine;
 use perc_store::Store;
 use perc_txn::Client;
-use tokio_util::sync::CancellationToken;
-use url::Url;
 
 pub use crate::compact::{compact, Compaction};
 pub use crate::config::{Backend, Config, ConfigError, MEMORY};

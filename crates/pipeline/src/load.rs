@@ -1,7 +1,17 @@
 //! The verbs that put work into the index: a crawl's seeds and scope (with their
 //! sitemaps), a replay of WARCs, a refetch, the recrawl of what is due.
 
-use super::*;
+use std::path::PathBuf;
+
+use perc_crawl::warc::{Recorded, WarcIssue};
+use perc_observers::model::CrawlScope;
+use perc_observers::Report;
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+use crate::config::Config;
+use crate::run::RunSummary;
+use crate::{Pipeline, PipelineError, Result};
 
 /// Responses a replay loads per transaction batch.
 pub(crate) const REPLAY_BATCH: usize = 256;

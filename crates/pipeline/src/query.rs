@@ -1,7 +1,14 @@
 //! The verbs that read the index: a page's canonical and record, the export, the recrawl's
 //! queue, and the search queue an index drains.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use perc_observers::model::ExportLine;
+use perc_observers::search::{Queued, SearchDoc};
+use perc_observers::PageInfo;
+use url::Url;
+
+use crate::{Pipeline, Result};
 
 /// How often a running process checks the search queue's size.
 pub(crate) const QUEUE_CHECK_EVERY: Duration = Duration::from_secs(60);

@@ -2,7 +2,13 @@
 //! until stopped (`perc worker`, `perc serve`), with the progress line on a terminal and
 //! the periodic report off one.
 
-use super::*;
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use perc_notify::{Engine, ObserverStats, Workers};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Pipeline, PipelineError, Result};
 
 /// How often a process that runs observers looks whether an error stopped them.
 pub(crate) const FATAL_CHECK_EVERY: Duration = Duration::from_millis(250);

@@ -1,7 +1,10 @@
 //! The counters a process keeps (observer runs, requests per host), added to the ones
 //! stored in the store (`m:stats`) so that `perc status` shows every process's.
 
-use super::*;
+use bytes::Bytes;
+use perc_observers::IndexError;
+
+use crate::{Pipeline, Result};
 
 /// Where the counters of every run so far are kept, per observer:
 /// [runs, commits, skipped, conflicts, failures, parked].

@@ -1,11 +1,14 @@
 //! `perc status`: what the store holds and what the processes on it are doing, as one
 //! read of the store.
 
-use super::*;
+use perc_notify::FailedEntry;
+use perc_observers::Report;
+
 use crate::stats::{
-    add_hosts, add_stats, decode_stored, HOSTS_COLUMN, HOST_COUNTERS, OBSERVER_COUNTERS,
-    STATS_COLUMN, STATS_ROW,
+    add_hosts, add_stats, decode_stored, StoredHosts, StoredStats, HOSTS_COLUMN, HOST_COUNTERS,
+    OBSERVER_COUNTERS, STATS_COLUMN, STATS_ROW,
 };
+use crate::{Pipeline, Result};
 
 /// What `perc status` shows.
 #[derive(Clone, Debug)]

@@ -2,7 +2,23 @@
 //! header, the time allowed, the body's size, the write token), and the handlers, each a
 //! [`Pipeline`] call turned into JSON.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use perc_pipeline::config::Serve as ServeConfig;
+use perc_pipeline::PipelineError;
+use perc_search::SearchError;
+use url::Url;
+
+use crate::{metrics, status, Served};
 
 pub(crate) fn router(state: Arc<Served>, config: &ServeConfig) -> Router {
     let limit = Duration::from_millis(config.request_timeout_ms);
@@ -33,7 +49,7 @@ async fn timed(
     next: axum::middleware::Next,
 ) -> Response {
     let path = request.uri().path().to_string();
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let response = match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
@@ -414,6 +430,7 @@ async fn wrong_method(method: axum::http::Method, uri: Uri) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use perc_pipeline::Pipeline;
     use perc_pipeline::{Config, Fetching};
 
     /// A server of `pages` pages loaded into a memory store, with `exports_max` exports at

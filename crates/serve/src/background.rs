@@ -1,7 +1,13 @@
 //! What `perc serve` runs beside its API: the recrawl scheduler, the search indexer, and
 //! the sampling of the fetch and parse rates the status page shows.
 
-use super::*;
+use std::time::Duration;
+
+use perc_pipeline::Pipeline;
+use perc_search::{SearchError, SearchIndex};
+use tokio_util::sync::CancellationToken;
+
+use crate::Served;
 
 /// The recrawl scheduler: every `recrawl.tick_ms`, asks again for the URLs that are due
 /// (the fetch observer reschedules each). An error is logged and tried again next tick.
@@ -104,6 +110,7 @@ mod tests {
     use super::*;
     use perc_pipeline::{Config, Fetching};
     use perc_store::{Call, Hook, Hooked, MemStore, Store};
+    use std::sync::Arc;
 
     /// Once armed, freezes every scan, and says when the first one came.
     struct FrozenScans(Arc<tokio::sync::Notify>, Arc<std::sync::atomic::AtomicBool>);

@@ -16,19 +16,12 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, RawQuery, State};
-use axum::http::{header, HeaderMap, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use bytes::Bytes;
+use axum::Router;
 use perc_pipeline::config::Serve as ServeConfig;
 use perc_pipeline::{Pipeline, PipelineError};
-use perc_search::{SearchError, SearchIndex};
+use perc_search::SearchIndex;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
@@ -77,7 +70,7 @@ struct Served {
     /// The `Host` headers answered (see [`allowed_hosts`]); `None`: any.
     hosts: Option<Vec<String>>,
     /// The allocator's figures for `GET /metrics` ([`Start::allocator`]).
-    allocator: Option<fn() -> Vec<(&'static str, u64)>>,
+    allocator: Option<AllocatorFigures>,
 }
 
 /// The `Host` headers a server listening on `addr` answers. On loopback, only its own names
@@ -109,8 +102,11 @@ pub struct Start<'a> {
     pub prefixes: Vec<String>,
     /// The process allocator's figures, bytes by kind (`allocated`, `resident`, ...), for
     /// `GET /metrics`: the binary knows its global allocator, this crate does not.
-    pub allocator: Option<fn() -> Vec<(&'static str, u64)>>,
+    pub allocator: Option<AllocatorFigures>,
 }
+
+/// The process allocator's figures: bytes by kind.
+pub type AllocatorFigures = fn() -> Vec<(&'static str, u64)>;
 
 /// The write endpoints' token: `serve.token`, else the one in `DATA/serve.token`, made
 /// (64 hex digits, mode 0600) if there is none; `None` with neither a token nor a data

@@ -92,7 +92,7 @@ pub async fn render(
     app: &Pipeline,
     st: perc_pipeline::Status,
     search: Option<&SearchIndex>,
-    allocator: Option<fn() -> Vec<(&'static str, u64)>>,
+    allocator: Option<crate::AllocatorFigures>,
 ) -> Result<String, PipelineError> {
     let Some(handle) = recorder() else { return Ok(String::new()) };
     let r = &st.report;

@@ -1,8 +1,18 @@
 //! The index's status, as `GET /v1/status` (JSON or text), `GET /` (the status page) and
 //! `GET /metrics` answer it: one store read at a time, a slow one reused for a while.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use perc_pipeline::Pipeline;
+
 use crate::api::{optional_param, Answer, ApiError};
+use crate::background::Rate;
+use crate::{metrics, Served};
 
 /// A status read: when it ran, and what it found.
 pub(crate) struct StatusRead {

@@ -1,7 +1,18 @@
 //! Runs that fail: counted, retried with backoff, and parked (in the store, so every
 //! process sees them) once they fail too often in a row.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use perc_store::{Column, Mutation, RowMutation, Scan, Ts, TsRange};
+use perc_txn::TxnError;
+
+use super::{
+    notify_delete, Counters, Engine, FailedEntry, Failure, Pending, RunOutcome, FAILED, PARKED,
+    PARKED_MOVED_COLUMN, PARKED_MOVED_ROW,
+};
+use crate::observer::Registration;
 
 impl Engine {
     pub(super) fn failures_lock(

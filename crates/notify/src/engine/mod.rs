@@ -37,20 +37,15 @@
 //! failed run leaves (backoff, parking).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use bytes::Bytes;
-use futures::FutureExt;
-use perc_store::{
-    Column, FamilySpec, Locality, Mutation, RowMutation, Scan, ScanCell, Store, Ts, TsRange,
-};
-use perc_txn::{actions, Client, CommitStep, TxnError};
+use perc_store::{FamilySpec, Locality, Mutation, RowMutation, ScanCell, Store, Ts, TsRange};
+use perc_txn::{actions, Client, TxnError};
 
 use crate::lease::{LocalLease, RowLease};
-use crate::observer::{record_run, NotifyKind, ObserverError, Registration, Registry};
+use crate::observer::{Registration, Registry};
 use crate::NotifyConfig;
 
 /// The most columns of its notified row an observer's run prefetches.

@@ -1,7 +1,11 @@
 //! Finding notifications: the scan of the notify family, the pending counts and the
 //! backlog's ages that `perc status` shows.
 
-use super::*;
+use bytes::Bytes;
+use perc_store::{Scan, ScanCell};
+use perc_txn::{actions, TxnError};
+
+use super::{collapse, Backlog, Engine, Pending};
 
 impl Engine {
     /// Up to `limit` notify cells from row `start` on, collapsed; and where to continue

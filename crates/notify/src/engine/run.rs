@@ -1,7 +1,20 @@
 //! One notification: whether its observer runs, the run in a transaction with its ack, and
 //! the clear of the notification (at once, or deferred and flushed in one call).
 
-use super::*;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use perc_store::{RowMutation, Ts};
+use perc_txn::{CommitStep, TxnError};
+
+use super::{
+    notify_delete, panic_text, Attempt, Clear, Counters, Engine, Pending, RunOutcome, Tracked,
+    DEFERRED_CLEARS_MAX, IDLE_ACKS_MAX, PREFETCH_COLUMNS_MAX,
+};
+use crate::observer::{record_run, NotifyKind, ObserverError, Registration};
 
 impl Engine {
     /// Processes one notification: see the module docs. A settled notification is cleared
