@@ -43,8 +43,8 @@ pub async fn upgrade(client: &Client) -> Result<Upgraded, IndexError> {
     if found == LAYOUT {
         return Ok(done);
     }
-    done.moved = move_to_fetch_rows(client, col::WANT).await?;
-    move_to_fetch_rows(client, col::FETCH_STATE).await?;
+    done.moved = move_to_fetch_rows(client, WANTS).await?;
+    move_to_fetch_rows(client, STATES).await?;
     client
         .retrying(|c| async move {
             let mut t = c.begin().await?;
@@ -73,7 +73,20 @@ async fn layout(client: &Client) -> Result<u64, IndexError> {
     Ok(if wants.is_empty() { LAYOUT } else { 1 })
 }
 
-/// Moves `column` of every page row that has it to the URL's fetch row (layout 2), a batch
+/// A column that moves from the page rows to the fetch rows, and the observer it notifies,
+/// if any: that observer's ack moves with it.
+#[derive(Clone, Copy)]
+struct Move {
+    column: &'static [u8],
+    observed_by: Option<&'static str>,
+}
+
+/// The frontier's wants, which notify fetch.
+const WANTS: Move = Move { column: col::WANT, observed_by: Some("fetch") };
+/// The fetch's recrawl state, which notifies nobody.
+const STATES: Move = Move { column: col::FETCH_STATE, observed_by: None };
+
+/// Moves a column of every page row that has it to the URL's fetch row (layout 2), a batch
 /// per transaction, each batch read from where the last one ended. Returns how many moved.
 ///
 /// A want written to the fetch row notifies fetch there. For a URL whose want its page row's
@@ -81,19 +94,19 @@ async fn layout(client: &Client) -> Result<u64, IndexError> {
 /// transaction writes the fetch ack at the fetch row, after the move's commit, so that the
 /// notification finds nothing new: the upgrade does not fetch every URL again. (Cut short
 /// between the two, a batch's URLs are fetched once more: harmless.)
-async fn move_to_fetch_rows(client: &Client, column: &'static [u8]) -> Result<usize, IndexError> {
+async fn move_to_fetch_rows(client: &Client, m: Move) -> Result<usize, IndexError> {
     let mut from = Bytes::from_static(rows::PAGES.start());
     let mut moved = 0;
     loop {
-        let (n, last, served) = client.retrying(|c| move_batch(c, from.clone(), column)).await?;
-        if !served.is_empty() {
+        let (n, last, served) = client.retrying(|c| move_batch(c, from.clone(), m)).await?;
+        if let (false, Some(observer)) = (served.is_empty(), m.observed_by) {
             client
                 .retrying(|c| {
                     let served = &served;
                     async move {
                         let mut t = c.begin().await?;
                         for row in served {
-                            perc_notify::record_run(&mut t, row, FETCH);
+                            perc_notify::record_run(&mut t, row, observer);
                         }
                         t.commit().await
                     }
@@ -108,17 +121,15 @@ async fn move_to_fetch_rows(client: &Client, column: &'static [u8]) -> Result<us
     }
 }
 
-/// The observer whose ack the upgrade moves.
-const FETCH: &str = "fetch";
-
 /// One batch of [`move_to_fetch_rows`], from the page row `from` on: how many rows it moved,
 /// the last of them, and the fetch rows of the wants already served.
 async fn move_batch(
     c: Client,
     from: Bytes,
-    column: &'static [u8],
+    m: Move,
 ) -> Result<(usize, Option<Bytes>, Vec<Bytes>), IndexError> {
-    let ack = perc_notify::ack_column(FETCH);
+    let column = m.column;
+    let ack = m.observed_by.map(perc_notify::ack_column);
     let mut t = c.begin().await?;
     let batch = t.scan_first(&from, rows::PAGES.end(), column, BATCH).await?;
     let mut served = Vec::new();
@@ -127,7 +138,7 @@ async fn move_batch(
         let fetch = model::fetch_row(url);
         // A fetch row written since (by a discovery, a seed) is newer.
         if t.get(&fetch, column).await?.is_none() {
-            if column == col::WANT {
+            if let Some(ack) = &ack {
                 let cells = [(row.clone(), ack.clone()), (row.clone(), Bytes::from_static(column))];
                 let versions = t.versions(&cells).await?;
                 let acked = versions[0]
@@ -142,7 +153,7 @@ async fn move_batch(
             t.set(fetch, Bytes::from_static(column), value.clone());
         }
         t.delete(row.clone(), Bytes::from_static(column));
-        if column == col::WANT {
+        if let Some(ack) = &ack {
             t.delete(row.clone(), ack.clone());
         }
     }
