@@ -21,12 +21,7 @@ pub(crate) async fn replay_command(
     if files.is_empty() {
         bail!("replay needs at least one WARC file");
     }
-    let app = Pipeline::builder(config)
-        .fetching(Fetching::Offline)
-        .create(Create::IfMissing)
-        .kind("replay")
-        .open()
-        .await?;
+    let app = crate::open(config, Fetching::Offline, Create::IfMissing, "replay").await?;
     let result = match &check {
         None => replay(&app, files, stop).await,
         Some(check) => replay_expect(&app, files, check, stop).await,

@@ -27,12 +27,9 @@ pub(crate) async fn crawl_command(
     let seeds = read_seeds(seeds, config.crawl.seeds_max)?;
     let scope = crawl_scope(&config, &seeds, prefixes)?;
     let recorder = warc_out.map(|p| perc_pipeline::Recorder::create(p, append)).transpose()?;
-    let app = Pipeline::builder(config)
-        .fetching(Fetching::Live { warc_out: recorder })
-        .create(Create::IfMissing)
-        .kind("crawl")
-        .open()
-        .await?;
+    let app =
+        crate::open(config, Fetching::Live { warc_out: recorder }, Create::IfMissing, "crawl")
+            .await?;
     let result = crawl(&app, &seeds, &scope, stop).await;
     app.close().await?;
     result

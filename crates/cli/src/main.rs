@@ -32,13 +32,7 @@ macro_rules! say {
 /// directory that does not exist (a typo in --data, most likely) is "no perc store", exit 1.
 macro_rules! existing {
     ($config:expr, $fetching:expr, $kind:expr) => {
-        match perc_pipeline::Pipeline::builder($config)
-            .fetching($fetching)
-            .create(perc_pipeline::Create::No)
-            .kind($kind)
-            .open()
-            .await
-        {
+        match crate::open($config, $fetching, perc_pipeline::Create::No, $kind).await {
             Ok(app) => app,
             Err(e @ PipelineError::NoStore { .. }) => {
                 say!("{e}");
@@ -47,6 +41,21 @@ macro_rules! existing {
             Err(e) => return Err(e.into()),
         }
     };
+}
+
+/// Opens the store as a process of `kind` (the command: `perc status` names processes by it).
+async fn open(
+    config: perc_pipeline::Config,
+    fetching: perc_pipeline::Fetching,
+    create: perc_pipeline::Create,
+    kind: &'static str,
+) -> Result<perc_pipeline::Pipeline, PipelineError> {
+    perc_pipeline::Pipeline::builder(config)
+        .fetching(fetching)
+        .create(create)
+        .kind(kind)
+        .open()
+        .await
 }
 
 mod args;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
-use perc_pipeline::{config, Create, Fetching, Pipeline};
+use perc_pipeline::{config, Create, Fetching};
 use perc_synth::site;
 use tokio_util::sync::CancellationToken;
 
@@ -48,12 +48,8 @@ pub(crate) async fn oracle(
 
 /// `perc worker`: runs the observers on the shared store until stopped.
 pub(crate) async fn worker(config: config::Config, stop: &CancellationToken) -> Result<ExitCode> {
-    let app = Pipeline::builder(config)
-        .fetching(Fetching::Live { warc_out: None })
-        .create(Create::IfMissing)
-        .kind("worker")
-        .open()
-        .await?;
+    let app =
+        crate::open(config, Fetching::Live { warc_out: None }, Create::IfMissing, "worker").await?;
     out!("worker {} running", app.worker_id());
     std::io::stdout().flush()?;
     let worked = app.work(stop).await;
@@ -99,12 +95,8 @@ pub(crate) async fn serve(
         // Bad prefixes fail here, before the store is opened.
         crawl_scope(&config, seeds, prefixes)?;
     }
-    let app = Pipeline::builder(config)
-        .fetching(Fetching::Live { warc_out: None })
-        .create(Create::IfMissing)
-        .kind("serve")
-        .open()
-        .await?;
+    let app =
+        crate::open(config, Fetching::Live { warc_out: None }, Create::IfMissing, "serve").await?;
     let token = perc_serve::token(&serve_config, data.as_deref())?;
     let start = perc_serve::Start {
         data: data.as_deref(),
@@ -146,12 +138,8 @@ pub(crate) async fn demo(
     out!("serving {} at {base}", site.display());
     let seeds = std::slice::from_ref(&base);
     let scope = crawl_scope(&config, seeds, &[])?;
-    let app = Pipeline::builder(config)
-        .fetching(Fetching::Live { warc_out: None })
-        .create(Create::IfMissing)
-        .kind("demo")
-        .open()
-        .await?;
+    let app =
+        crate::open(config, Fetching::Live { warc_out: None }, Create::IfMissing, "demo").await?;
     crawl(&app, seeds, &scope, stop).await?;
     out!();
     for path in
