@@ -234,8 +234,14 @@ pub async fn run(
         }
         worked
     };
-    let (worked, served, (), (), ()) =
-        tokio::join!(worked, server, recrawl(&app, &stop), indexed, sample_rates(&state, &stop));
+    let (worked, served, (), (), (), ()) = tokio::join!(
+        worked,
+        server,
+        recrawl(&app, &stop),
+        indexed,
+        sample_rates(&state, &stop),
+        metrics::keep_up(metrics::UPKEEP_EVERY, &stop)
+    );
     drop(state);
     api.shutdown_background();
     indexing.shutdown_background();
