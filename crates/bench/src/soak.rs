@@ -5,8 +5,8 @@
 //! process of its own) crawls it with every URL due every 2-10 s (`recrawl.interval_s = 2`,
 //! `max_interval_s = 10`: a demand of 300-1,500 fetches a second, far more than this machine
 //! indexes), while 3% of the pages change every 30 s and a client asks the API (status,
-//! canonical, search) every second. Every minute: the server's RSS, the store's bytes on
-//! disk, the fetch rate, the oldest pending notification of any observer, and the API's
+//! canonical, search) every second. Every minute: the server's RSS and its allocator's
+//! live and resident bytes (`/metrics`), the store's bytes on disk, the fetch rate, the oldest pending notification of any observer, and the API's
 //! answers that were not 200. At the end the site stops changing, the server is stopped,
 //! `perc refetch --all` runs on the store, and its export is compared with a fresh crawl
 //! from the same seeds (every URL of the site).
