@@ -116,13 +116,9 @@ fn gc_cleans_a_row_in_one_call_and_around_a_locked_cell() {
 #[test]
 fn store_does_not_grow_with_updates_when_collected() {
     rt().block_on(async {
-        let obs = effect();
-        let mut reg = Registry::new();
-        reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+        let (_, reg) = one_effect();
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(
-            SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default()).unwrap(),
-        );
+        let store = sled(dir.path());
         let env = Env::new(store, reg, true).await;
         let engine = env.engine(NotifyConfig::default()).await;
         let gc_client = env.client().await;

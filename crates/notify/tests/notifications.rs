@@ -48,9 +48,7 @@ fn chain_of_three_observers_reaches_final_state() {
 #[test]
 fn writes_collapse_and_a_late_write_runs_again() {
     rt().block_on(async {
-        let obs = effect();
-        let mut reg = Registry::new();
-        reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+        let (_, reg) = one_effect();
         let env = Env::mem(reg).await;
         const K: usize = 10;
         for i in 0..K {
@@ -133,13 +131,9 @@ fn writes_collapse_and_a_late_write_runs_again() {
 #[test]
 fn racing_workers_commit_each_effect_exactly_once() {
     rt().block_on(async {
-        let obs = effect();
-        let mut reg = Registry::new();
-        reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+        let (_, reg) = one_effect();
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(
-            SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default()).unwrap(),
-        );
+        let store = sled(dir.path());
         let env = Env::new(store, reg, false).await;
         const ROWS: usize = 60;
         for i in 0..ROWS {
@@ -171,9 +165,7 @@ fn racing_workers_commit_each_effect_exactly_once() {
 fn a_crashed_observer_run_reruns_before_the_commit_point_only() {
     rt().block_on(async {
         for step in CommitStep::ALL {
-            let obs = effect();
-            let mut reg = Registry::new();
-            reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+            let (_, reg) = one_effect();
             let env = Env::mem(reg).await;
             let ts = env.write("r", "v", "x").await;
             let crashing = env.engine(NotifyConfig::default()).await;
@@ -205,9 +197,7 @@ fn a_crashed_observer_run_reruns_before_the_commit_point_only() {
 #[test]
 fn a_rolled_back_writer_never_runs_an_observer() {
     rt().block_on(async {
-        let obs = effect();
-        let mut reg = Registry::new();
-        reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+        let (obs, reg) = one_effect();
         let env = Env::mem(reg).await;
         let writer = env.client().await;
         let mut t = writer.begin().await.unwrap();
@@ -230,9 +220,7 @@ fn a_rolled_back_writer_never_runs_an_observer() {
 fn a_writer_that_dies_after_its_commit_point_still_notifies() {
     rt().block_on(async {
         for step in [CommitStep::AfterCommitPrimary, CommitStep::MidSecondaries] {
-            let obs = effect();
-            let mut reg = Registry::new();
-            reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+            let (_, reg) = one_effect();
             let env = Env::mem(reg).await;
             let writer = env.client().await;
             let mut t = writer.begin().await.unwrap();

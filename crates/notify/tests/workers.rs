@@ -10,14 +10,9 @@ use common::*;
 fn workers_run_the_chain_to_quiescence() {
     let rt = rt();
     rt.block_on(async {
-        let mut reg = Registry::new();
-        reg.register("A", "a", NotifyKind::Strong, stage("A", "b")).unwrap();
-        reg.register("B", "b", NotifyKind::Strong, stage("B", "c")).unwrap();
-        reg.register("C", "c", NotifyKind::Strong, stage("C", "d")).unwrap();
+        let reg = chain();
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(
-            SledStore::open(dir.path(), perc_notify::schema(), &SledOptions::default()).unwrap(),
-        );
+        let store = sled(dir.path());
         let env = Env::new(store, reg, false).await;
         const ROWS: usize = 200;
         for i in 0..ROWS {

@@ -148,6 +148,28 @@ pub fn effect() -> Arc<Effect> {
     Arc::new(Effect { runs: AtomicU64::new(0) })
 }
 
+/// One [`Effect`] observer, "E", on column "v" (strong): the observer and its registry.
+pub fn one_effect() -> (Arc<Effect>, Registry) {
+    let obs = effect();
+    let mut reg = Registry::new();
+    reg.register("E", "v", NotifyKind::Strong, obs.clone()).unwrap();
+    (obs, reg)
+}
+
+/// The chain a → A → b → B → c → C → d of [`Stage`]s (strong notifications).
+pub fn chain() -> Registry {
+    let mut reg = Registry::new();
+    reg.register("A", "a", NotifyKind::Strong, stage("A", "b")).unwrap();
+    reg.register("B", "b", NotifyKind::Strong, stage("B", "c")).unwrap();
+    reg.register("C", "c", NotifyKind::Strong, stage("C", "d")).unwrap();
+    reg
+}
+
+/// A sled store in `dir`, with the framework's schema.
+pub fn sled(dir: &std::path::Path) -> Arc<dyn Store> {
+    Arc::new(SledStore::open(dir, perc_notify::schema(), &SledOptions::default()).unwrap())
+}
+
 pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
