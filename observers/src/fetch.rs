@@ -69,10 +69,16 @@ impl Observer for Fetch {
             metrics::counter!("perc_fetch_bytes_total").increment(r.body.len() as u64);
         }
         let (body, mut validators, failure) = answer(fetched, &mut head);
-        let keeps = not_modified || failure.is_some();
-        let (written, kept) =
-            keep_or_write(txn, &page, state.as_ref(), &want, (&head, &body), keeps, not_modified)
-                .await?;
+        let (written, kept) = keep_or_write(
+            txn,
+            &page,
+            state.as_ref(),
+            &want,
+            (&head, &body),
+            not_modified,
+            failure.is_some(),
+        )
+        .await?;
         let content = match &state {
             Some(s) if kept => s.content.clone(),
             _ => fingerprint(&RawHead { depth: 0, hops: 0, ..head.clone() }, &body),
@@ -126,9 +132,8 @@ impl Observer for Fetch {
 
 /// The page's raw cell after a fetch, and whether the stored one was kept. The stored raw
 /// stands when the server says nothing changed (`not_modified`), and when a fetch that
-/// failed finds an answer stored (`keeps` without `not_modified`: a page keeps its last
-/// version through an outage, and nothing stored is lost); only a new depth or hop count is
-/// written into it. Otherwise what was fetched is written, unless it is what the cell holds.
+/// `failed` finds an answer stored (a page keeps its last version through an outage, and
+/// nothing stored is lost); only a new depth or hop count is written into it. Otherwise what was fetched is written, unless it is what the cell holds.
 /// Returns the fingerprint of what the cell holds.
 async fn keep_or_write(
     txn: &mut Transaction,
@@ -136,10 +141,10 @@ async fn keep_or_write(
     state: Option<&FetchState>,
     want: &Want,
     (head, body): (&RawHead, &Bytes),
-    keeps: bool,
     not_modified: bool,
+    failed: bool,
 ) -> Result<(String, bool), ObserverError> {
-    let stored = match (keeps, state) {
+    let stored = match (not_modified || failed, state) {
         (true, Some(_)) => match txn.get(page, col::RAW).await? {
             Some(raw) => Some(model::decode_raw(&raw).map_err(|e| {
                 let url = model::url_of(page).unwrap_or_default();
