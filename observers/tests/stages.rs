@@ -92,6 +92,22 @@ fn buffered(t: &Transaction, returned: &str) -> String {
     out
 }
 
+/// Runs a stage in a transaction of its own: what it buffers and what it returns (`run`'s
+/// text) against the golden file `name`; then commits.
+async fn first_run(c: &Client, name: &str, run: impl AsyncFnOnce(&mut Transaction) -> String) {
+    let mut t = c.begin().await.unwrap();
+    let returned = run(&mut t).await;
+    golden(name, &buffered(&t, &returned));
+    t.commit().await.unwrap();
+}
+
+/// Runs a stage again on what the first run committed: it buffers nothing.
+async fn changes_nothing(c: &Client, run: impl AsyncFnOnce(&mut Transaction)) {
+    let mut again = c.begin().await.unwrap();
+    run(&mut again).await;
+    assert!(again.is_empty(), "{}", buffered(&again, ""));
+}
+
 /// The buffered writes of `t` outside the search queue (which some stages append to on
 /// every run: the indexer drains it, and a row of it changes no document).
 fn writes_but_the_queue(t: &Transaction) -> Vec<String> {
@@ -179,26 +195,25 @@ fn dedup_registers_a_member_and_says_which_cluster_it_joined() {
         let c = client().await;
         let page = model::page(A);
         given(&c, |t| t.set(page.clone(), Bytes::from_static(col::HASH), "h1")).await;
-        let mut t = c.begin().await.unwrap();
-        let joined = dedup::run(&mut t, &page, Some(0xfeed)).await.unwrap();
-        let returned = match &joined {
-            Some(j) => format!("joined {} ({})", j.hash, text(&j.simhash)),
-            None => "nothing".into(),
-        };
-        golden("dedup-join", &buffered(&t, &returned));
-        t.commit().await.unwrap();
+        first_run(&c, "dedup-join", async |t| {
+            match dedup::run(t, &page, Some(0xfeed)).await.unwrap() {
+                Some(j) => format!("joined {} ({})", j.hash, text(&j.simhash)),
+                None => "nothing".into(),
+            }
+        })
+        .await;
 
         // Its body changes: it leaves h1 (told) and joins h2.
         given(&c, |t| t.set(page.clone(), Bytes::from_static(col::HASH), "h2")).await;
-        let mut t = c.begin().await.unwrap();
-        let joined = dedup::run(&mut t, &page, Some(0xbeef)).await.unwrap();
-        let returned = joined.map_or("nothing".into(), |j| format!("joined {}", j.hash));
-        golden("dedup-move", &buffered(&t, &returned));
-        t.commit().await.unwrap();
-
-        let mut again = c.begin().await.unwrap();
-        assert!(dedup::run(&mut again, &page, Some(0xbeef)).await.unwrap().is_none());
-        assert!(again.is_empty(), "{}", buffered(&again, ""));
+        first_run(&c, "dedup-move", async |t| {
+            let joined = dedup::run(t, &page, Some(0xbeef)).await.unwrap();
+            joined.map_or("nothing".into(), |j| format!("joined {}", j.hash))
+        })
+        .await;
+        changes_nothing(&c, async |t| {
+            assert!(dedup::run(t, &page, Some(0xbeef)).await.unwrap().is_none());
+        })
+        .await;
     });
 }
 
@@ -211,14 +226,12 @@ fn invert_writes_the_edges_that_came_and_removes_those_that_went() {
         given(&c, |t| t.set(model::page(B), Bytes::from_static(col::META), "{}")).await;
         let before = vec![(C.to_string(), "old".to_string())];
         let now = vec![(B.to_string(), "to b".to_string())];
-        let mut t = c.begin().await.unwrap();
-        invert::run(&mut t, &page, &before, &now).await.unwrap();
-        golden("invert", &buffered(&t, "()"));
-        t.commit().await.unwrap();
-
-        let mut again = c.begin().await.unwrap();
-        invert::run(&mut again, &page, &now, &now).await.unwrap();
-        assert!(again.is_empty(), "{}", buffered(&again, ""));
+        first_run(&c, "invert", async |t| {
+            invert::run(t, &page, &before, &now).await.unwrap();
+            "()".into()
+        })
+        .await;
+        changes_nothing(&c, async |t| invert::run(t, &page, &now, &now).await.unwrap()).await;
     });
 }
 
@@ -228,14 +241,13 @@ fn alias_registers_a_redirect_at_its_target() {
         let c = client().await;
         let page = model::page(A);
         given(&c, |t| t.set(page.clone(), Bytes::from_static(col::REDIRECT), B)).await;
-        let mut t = c.begin().await.unwrap();
-        alias::run(&mut t, &page).await.unwrap();
-        golden("alias", &buffered(&t, "()"));
-        t.commit().await.unwrap();
-
-        let mut again = c.begin().await.unwrap();
-        alias::run(&mut again, &page).await.unwrap();
-        assert!(again.is_empty(), "{}", buffered(&again, ""));
+        let run = async |t: &mut Transaction| alias::run(t, &page).await.unwrap();
+        first_run(&c, "alias", async |t| {
+            run(t).await;
+            "()".into()
+        })
+        .await;
+        changes_nothing(&c, run).await;
     });
 }
 
@@ -251,14 +263,13 @@ fn export_makes_the_line_from_the_pages_cells() {
             t.set(page.clone(), Bytes::from_static(col::INDEG), "3");
         })
         .await;
-        let mut t = c.begin().await.unwrap();
-        export::run(&mut t, &page).await.unwrap();
-        golden("export", &buffered(&t, "()"));
-        t.commit().await.unwrap();
-
-        let mut again = c.begin().await.unwrap();
-        export::run(&mut again, &page).await.unwrap();
-        assert!(again.is_empty(), "{}", buffered(&again, ""));
+        let run = async |t: &mut Transaction| export::run(t, &page).await.unwrap();
+        first_run(&c, "export", async |t| {
+            run(t).await;
+            "()".into()
+        })
+        .await;
+        changes_nothing(&c, run).await;
     });
 }
 
@@ -279,22 +290,21 @@ fn cluster_chooses_a_canonical_and_returns_what_follows() {
             }
         })
         .await;
-        let mut t = c.begin().await.unwrap();
-        let choice = cluster::run(&mut t, &head).await.unwrap().expect("a cluster with members");
-        let moved: Vec<String> = choice.moved.iter().map(|r| text(r)).collect();
-        let returned = format!(
-            "moved {moved:?}; forward {:?} of {:?} to {}",
-            choice.forward.names.iter().map(|n| n.as_deref().map(text)).collect::<Vec<_>>(),
-            choice.forward.members,
-            choice.forward.canonical
-        );
-        golden("cluster", &buffered(&t, &returned));
-        t.commit().await.unwrap();
-
-        let mut again = c.begin().await.unwrap();
-        let choice = cluster::run(&mut again, &head).await.unwrap().unwrap();
-        assert!(choice.moved.is_empty());
-        assert!(again.is_empty(), "{}", buffered(&again, ""));
+        first_run(&c, "cluster", async |t| {
+            let choice = cluster::run(t, &head).await.unwrap().expect("a cluster with members");
+            let moved: Vec<String> = choice.moved.iter().map(|r| text(r)).collect();
+            format!(
+                "moved {moved:?}; forward {:?} of {:?} to {}",
+                choice.forward.names.iter().map(|n| n.as_deref().map(text)).collect::<Vec<_>>(),
+                choice.forward.members,
+                choice.forward.canonical
+            )
+        })
+        .await;
+        changes_nothing(&c, async |t| {
+            assert!(cluster::run(t, &head).await.unwrap().unwrap().moved.is_empty());
+        })
+        .await;
     });
 }
 
@@ -342,20 +352,20 @@ fn indegree_folds_a_pages_changes_and_returns_what_follows() {
             t.set(model::delta(B, C, 2), Bytes::from_static(col::DELTA), "1");
         })
         .await;
-        let mut t = c.begin().await.unwrap();
-        let follow = indegree::run(&mut t, &page, 4096).await.unwrap();
-        let returned = format!(
-            "export {}, forward {:?}",
-            follow.export,
-            follow.forward.as_ref().map(|f| (&f.members, &f.canonical))
-        );
-        golden("indegree", &buffered(&t, &returned));
-        t.commit().await.unwrap();
-
-        let mut again = c.begin().await.unwrap();
-        let follow = indegree::run(&mut again, &page, 4096).await.unwrap();
-        assert!(!follow.export && follow.forward.is_none());
-        assert!(again.is_empty(), "{}", buffered(&again, ""));
+        first_run(&c, "indegree", async |t| {
+            let follow = indegree::run(t, &page, 4096).await.unwrap();
+            format!(
+                "export {}, forward {:?}",
+                follow.export,
+                follow.forward.as_ref().map(|f| (&f.members, &f.canonical))
+            )
+        })
+        .await;
+        changes_nothing(&c, async |t| {
+            let follow = indegree::run(t, &page, 4096).await.unwrap();
+            assert!(!follow.export && follow.forward.is_none());
+        })
+        .await;
     });
 }
 
@@ -389,9 +399,7 @@ fn discover_wants_the_links_in_scope() {
         golden("discover", &got);
         t.commit().await.unwrap();
 
-        let mut again = c.begin().await.unwrap();
-        discover.observe(&mut again, &page, &column).await.unwrap();
-        assert!(again.is_empty(), "{}", buffered(&again, ""));
+        changes_nothing(&c, async |t| discover.observe(t, &page, &column).await.unwrap()).await;
     });
 }
 
