@@ -301,15 +301,24 @@ async fn soak(
 
 /// jemalloc's allocated and resident MiB, from the server's `GET /metrics` (0 when absent).
 async fn allocator_mib(http: &reqwest::Client, base: &str) -> (f64, f64) {
+    use prometheus_parse::{Scrape, Value};
     let text = match http.get(format!("{base}/metrics")).send().await {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => String::new(),
     };
+    let Ok(scrape) = Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))) else {
+        return (0.0, 0.0);
+    };
     let figure = |kind: &str| {
-        let name = format!("perc_allocator_bytes{{kind=\"{kind}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&name)?.trim().parse::<f64>().ok())
-            .map_or(0.0, |b| b / MIB)
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == "perc_allocator_bytes" && s.labels.get("kind") == Some(kind))
+            .find_map(|s| match s.value {
+                Value::Gauge(b) | Value::Untyped(b) => Some(b / MIB),
+                _ => None,
+            })
+            .unwrap_or(0.0)
     };
     (figure("allocated"), figure("resident"))
 }
