@@ -34,7 +34,8 @@ fn metrics_agree_with_status(server: &Server) {
         let mut agree = value("perc_pages_indexed", None) == n(&status["pages"])
             && value("perc_urls_fetched", None) == n(&status["fetched"])
             && value("perc_duplicate_clusters", None) == n(&status["duplicate_clusters"])
-            && value("perc_search_documents", None) == n(&status["search"]["documents"]);
+            && value("perc_search_documents", None) == n(&status["search"]["documents"])
+            && value("perc_recrawl_window", None) == n(&status["recrawl"]["window"]);
         let observers = status["observers"].as_object().expect("observers");
         assert!(observers.len() >= 5, "{status}");
         for (name, c) in observers {

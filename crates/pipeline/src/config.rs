@@ -80,8 +80,9 @@ pub struct Recrawl {
     /// How often the scheduler looks for URLs that are due, and the most it asks for at once.
     pub tick_ms: u64,
     pub batch: u64,
-    /// Back-pressure: while this many notifications wait for the observers, the scheduler
-    /// asks for nothing more.
+    /// Back-pressure: the scheduler keeps the oldest pending notification younger than
+    /// `pending_age_s` (see `pace`), and never lets more than `pending_max` wait.
+    pub pending_age_s: u64,
     pub pending_max: u64,
     /// Intervals of URL prefixes (`[[recrawl.prefix]]`): the longest that contains a URL
     /// gives it the intervals it sets; the ones it leaves out are the global ones.
@@ -431,6 +432,7 @@ const RANGES: &[(&str, i64, i64)] = &[
     ("recrawl.tick_ms", 1, i64::MAX),
     ("recrawl.batch", 1, 1_000_000),
     ("recrawl.pending_max", 1, 10_000_000),
+    ("recrawl.pending_age_s", 1, 86_400),
     ("serve.body_bytes_max", 1024, 1 << 30),
     ("serve.request_timeout_ms", 1, i64::MAX),
     ("serve.shutdown_ms", 0, i64::MAX),

@@ -17,6 +17,7 @@ pub mod diff;
 mod error;
 mod load;
 mod open;
+mod pace;
 mod query;
 mod run;
 mod stats;
@@ -71,6 +72,8 @@ pub struct Pipeline {
     hosts_saved: std::sync::Mutex<StoredHosts>,
     /// When the search queue's size was last checked ([`Pipeline::bound_search_queue`]).
     queue_checked: std::sync::Mutex<Option<Instant>>,
+    /// The recrawl's window on the notifications waiting ([`pace`]).
+    pace: std::sync::Mutex<pace::Pace>,
 }
 
 impl Pipeline {

@@ -241,21 +241,43 @@ impl Pipeline {
     }
 
     /// Asks again for the URLs that are due for a recrawl now (at most `recrawl.batch`),
-    /// without waiting; how many. Back-pressure: while `recrawl.pending_max` notifications
-    /// or more wait for the observers, it asks for none, and below that for no more than
-    /// would reach it; the URLs left due are asked for at a later tick (the recrawl's lag
-    /// shows how late), so a recrawl that asks more than the machine indexes never buries
-    /// the stages after the fetch.
+    /// without waiting; how many. Back-pressure: it asks for no more than the room in the
+    /// recrawl's window on the notifications waiting for the observers, which follows how
+    /// long the oldest of them has waited ([`crate::pace`]); the URLs left due are asked for
+    /// at a later tick (the recrawl's lag shows how late), so a recrawl that asks more than
+    /// the machine indexes never buries the stages after the fetch.
     pub async fn recrawl_due(&self) -> Result<usize> {
         let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-        let pending_max = size(self.config.recrawl.pending_max);
-        let pending = self.engine.pending_count(pending_max).await?;
-        let room = pending_max.saturating_sub(pending);
-        if room == 0 {
+        let recrawl = &self.config.recrawl;
+        let pending_max = size(recrawl.pending_max);
+        let backlog = self.engine.backlog(pending_max).await?;
+        let registry = self.engine.registry();
+        let observed = |name: &str| registry.all().any(|r| r.name == name);
+        // A column no observer watches waits for nobody: it does not hold the recrawl.
+        let oldest_ms = (backlog.iter())
+            .filter(|(name, _)| observed(name))
+            .map(|(_, b)| b.oldest_ms)
+            .max()
+            .unwrap_or(0);
+        let pending = backlog.values().map(|b| b.pending).sum();
+        let age_max_ms = recrawl.pending_age_s.saturating_mul(1000);
+        let room = self.pace().room(pending, oldest_ms, age_max_ms, pending_max);
+        let limit = size(recrawl.batch).min(room);
+        if limit == 0 {
             return Ok(0);
         }
         let now = self.client.clock().now_ms();
-        let limit = size(self.config.recrawl.batch).min(room);
-        Ok(perc_observers::recrawl_due(&self.client, now, limit).await?)
+        let asked = perc_observers::recrawl_due(&self.client, now, limit).await?;
+        self.pace().asked(asked, room);
+        Ok(asked)
+    }
+
+    /// How many notifications the recrawl lets wait now ([`crate::pace`]).
+    pub fn recrawl_window(&self) -> usize {
+        self.pace().window()
+    }
+
+    fn pace(&self) -> std::sync::MutexGuard<'_, crate::pace::Pace> {
+        self.pace.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

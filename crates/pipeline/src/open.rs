@@ -225,6 +225,7 @@ impl Builder {
             saved: Default::default(),
             hosts_saved: Default::default(),
             queue_checked: Default::default(),
+            pace: Default::default(),
         })
     }
 }

@@ -6,7 +6,8 @@
 //!   it is asked again sooner; once the site answers, the index follows it again. A URL never
 //!   fetched before is recorded with the reason meanwhile, and becomes a page once it answers.
 //! - Back-pressure: the scheduler asks for no more due URLs while `recrawl.pending_max`
-//!   notifications wait, and for no more than would reach it.
+//!   notifications wait, and for no more than would reach it; nor for any while the oldest
+//!   notification waiting has waited `recrawl.pending_age_s`, however few wait.
 //! - A URL once found stays known (spec §6.5): a page that loses every inlink stays a page
 //!   while it answers, is recrawled like any other, and leaves the export when it answers
 //!   404.
@@ -211,6 +212,39 @@ fn the_recrawl_asks_for_nothing_while_the_index_is_behind() {
         assert_eq!(app.recrawl_due().await.unwrap(), 2, "the last two due");
         app.engine().run_until_quiet().await.unwrap();
         assert_eq!(app.recrawl_due().await.unwrap(), 0, "none due until the next interval");
+    });
+}
+
+#[test]
+fn the_recrawl_asks_for_nothing_while_a_notification_has_waited_too_long() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let site = Site::default();
+        let urls: Vec<String> = (0..8).map(|i| format!("http://site.test/p{i}")).collect();
+        let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+        for u in &urls {
+            site.set(u, &page(u, &refs));
+        }
+        let (app, clock) = app(&site, |c| {
+            c.recrawl.interval_s = 60;
+            c.recrawl.min_interval_s = 60;
+            c.recrawl.pending_age_s = 30;
+        })
+        .await;
+        crawl(&app, &urls[0]).await;
+        // One notification waits for parse (a row with nothing to parse), far under
+        // pending_max, for 31 s: every URL is due, and none is asked for.
+        let parse = app.engine().registry().all().find(|r| r.name == "parse").unwrap();
+        let mut t = app.client().begin().await.unwrap();
+        t.notify(&b"waiting"[..], parse.column.clone());
+        t.commit().await.unwrap();
+        clock.advance_ms(31_000);
+        assert_eq!(app.recrawl_due().await.unwrap(), 0);
+        clock.advance_ms(30_000);
+        assert_eq!(app.recrawl_due().await.unwrap(), 0);
+        // Once it has run, the due URLs are asked for again.
+        app.engine().run_until_quiet().await.unwrap();
+        assert_eq!(app.recrawl_due().await.unwrap(), 8);
     });
 }
 

@@ -73,6 +73,10 @@ fn describe() {
         Unit::Seconds,
         "Now minus the oldest due time not fetched yet"
     );
+    describe_gauge!(
+        "perc_recrawl_window",
+        "How many notifications the recrawl lets wait for the observers now"
+    );
     describe_gauge!("perc_search_documents", "Documents in the search index");
     describe_gauge!(
         "perc_allocator_bytes",
@@ -155,6 +159,7 @@ pub async fn render(
     }
     let (lag_ms, _) = app.recrawl_queue(1).await?;
     gauge!("perc_recrawl_lag_seconds").set(lag_ms as f64 / 1000.0);
+    gauge!("perc_recrawl_window").set(app.recrawl_window() as f64);
     if let Some(index) = search {
         gauge!("perc_search_documents").set(index.len() as f64);
     }

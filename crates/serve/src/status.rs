@@ -92,7 +92,11 @@ impl Served {
             .into_iter()
             .map(|(ms, url)| serde_json::json!({"url": url, "due_ms": ms}))
             .collect();
-        v["recrawl"] = serde_json::json!({"lag_s": lag_ms as f64 / 1000.0, "next": next});
+        v["recrawl"] = serde_json::json!({
+            "lag_s": lag_ms as f64 / 1000.0,
+            "window": self.app.recrawl_window(),
+            "next": next,
+        });
         v["politeness"] = self
             .app
             .host_states()
