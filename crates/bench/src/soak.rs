@@ -5,15 +5,17 @@
 //! process of its own) crawls it with every URL due every 2-10 s (`recrawl.interval_s = 2`,
 //! `max_interval_s = 10`: a demand of 300-1,500 fetches a second, far more than this machine
 //! indexes), while 3% of the pages change every 30 s and a client asks the API (status,
-//! canonical, search) every second. Every minute: the server's RSS and its allocator's
-//! live and resident bytes (`/metrics`), the store's bytes on disk, the fetch rate, the oldest pending notification of any observer, and the API's
-//! answers that were not 200. At the end the site stops changing, the server is stopped,
-//! `perc refetch --all` runs on the store, and its export is compared with a fresh crawl
-//! from the same seeds (every URL of the site).
+//! canonical, search) every second. Every minute: the server's RSS and its allocator's live
+//! and resident bytes (from `/v1/status`: nobody scrapes this server's `/metrics`), the
+//! store's bytes on disk, the fetch rate, the oldest pending notification of any observer,
+//! and the API's answers that were not 200. At the end the site stops changing, the server
+//! is stopped, `perc refetch --all` runs on the store, and its export is compared with a
+//! fresh crawl from the same seeds (every URL of the site).
 //!
 //! What it reports: the trend of RSS and disk over the last half of the run (the steady
-//! state: the rise of the least-squares line, as both swing from sample to sample), the largest pending age seen (the back-pressure's bound), the fetch rate against
-//! the demand, the non-200 answers, and whether the exports are equal. The per-minute
+//! state: the rise of the least-squares line, as both swing from sample to sample), the
+//! largest pending age seen (the back-pressure's bound), the fetch rate against the demand,
+//! the non-200 answers, and whether the exports are equal. The per-minute
 //! samples are printed as a table, for a plot.
 
 use std::path::Path;
@@ -34,7 +36,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 struct Sample {
     minute: f64,
     rss_mib: f64,
-    /// jemalloc's live bytes and the pages it holds in RAM (`perc_allocator_bytes`): the
+    /// jemalloc's live bytes and the pages it holds in RAM (`memory` in `/v1/status`): the
     /// one against the other tells data that grows from memory the allocator keeps.
     allocated_mib: f64,
     allocator_resident_mib: f64,
@@ -271,14 +273,15 @@ async fn soak(
                     continue;
                 }
             };
-            let allocator = allocator_mib(&http, &server.base).await;
+            // From the status, not `/metrics`: the soak's server is one nobody scrapes.
+            let memory = |kind: &str| s["memory"][kind].as_f64().unwrap_or(0.0) / MIB;
             let now = (Instant::now(), fetches(&s));
             let secs = now.0.duration_since(last.0).as_secs_f64().max(0.001);
             let sample = Sample {
                 minute: started.elapsed().as_secs_f64() / 60.0,
                 rss_mib: rss_mib(server.pid())?,
-                allocated_mib: allocator.0,
-                allocator_resident_mib: allocator.1,
+                allocated_mib: memory("allocated"),
+                allocator_resident_mib: memory("resident"),
                 disk_mib: disk_bytes(data)? as f64 / MIB,
                 search_mib: disk_bytes(&data.join("search")).unwrap_or(0) as f64 / MIB,
                 pages: s["pages"].as_u64().unwrap_or(0),
@@ -297,30 +300,6 @@ async fn soak(
         }
     }
     Ok(samples)
-}
-
-/// jemalloc's allocated and resident MiB, from the server's `GET /metrics` (0 when absent).
-async fn allocator_mib(http: &reqwest::Client, base: &str) -> (f64, f64) {
-    use prometheus_parse::{Scrape, Value};
-    let text = match http.get(format!("{base}/metrics")).send().await {
-        Ok(r) => r.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
-    let Ok(scrape) = Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))) else {
-        return (0.0, 0.0);
-    };
-    let figure = |kind: &str| {
-        scrape
-            .samples
-            .iter()
-            .filter(|s| s.metric == "perc_allocator_bytes" && s.labels.get("kind") == Some(kind))
-            .find_map(|s| match s.value {
-                Value::Gauge(b) | Value::Untyped(b) => Some(b / MIB),
-                _ => None,
-            })
-            .unwrap_or(0.0)
-    };
-    (figure("allocated"), figure("resident"))
 }
 
 /// A process's resident set (VmRSS), in MiB.

@@ -261,12 +261,13 @@ impl Pipeline {
             .unwrap_or(0);
         let pending = backlog.values().map(|b| b.pending).sum();
         let age_max_ms = recrawl.pending_age_s.saturating_mul(1000);
-        let room = self.pace().room(pending, oldest_ms, age_max_ms, pending_max);
+        let now = self.client.clock().now_ms();
+        let waiting = crate::pace::Waiting { now_ms: now, pending, oldest_ms };
+        let room = self.pace().room(waiting, age_max_ms, pending_max);
         let limit = size(recrawl.batch).min(room);
         if limit == 0 {
             return Ok(0);
         }
-        let now = self.client.clock().now_ms();
         let asked = perc_observers::recrawl_due(&self.client, now, limit).await?;
         self.pace().asked(asked, room);
         Ok(asked)

@@ -69,7 +69,7 @@ struct Served {
     background: tokio::runtime::Handle,
     /// The `Host` headers answered (see [`allowed_hosts`]); `None`: any.
     hosts: Option<Vec<String>>,
-    /// The allocator's figures for `GET /metrics` ([`Start::allocator`]).
+    /// The allocator's figures for `GET /metrics` and `/v1/status` ([`Start::allocator`]).
     allocator: Option<AllocatorFigures>,
 }
 
@@ -101,7 +101,8 @@ pub struct Start<'a> {
     pub seeds: Vec<Url>,
     pub prefixes: Vec<String>,
     /// The process allocator's figures, bytes by kind (`allocated`, `resident`, ...), for
-    /// `GET /metrics`: the binary knows its global allocator, this crate does not.
+    /// `GET /metrics` and `/v1/status`: the binary knows its global allocator, this crate
+    /// does not.
     pub allocator: Option<AllocatorFigures>,
 }
 
@@ -158,15 +159,7 @@ pub async fn run(
     // Installed before the workers start, so that their runs are recorded.
     metrics::recorder();
     let app = Arc::new(app);
-    let search = match app.config().search.enabled {
-        true => {
-            let dir = SearchIndex::path_for(&app.config().store.data);
-            let index = SearchIndex::open(dir.as_deref())
-                .map_err(|e| PipelineError::Setup(e.to_string()))?;
-            Some(Arc::new(index))
-        }
-        false => None,
-    };
+    let search = open_search(&app)?;
     // The seeds are in the store before anything runs (one transaction: a full disk or a
     // bad prefix fails here, before the address is published).
     let seeded = match seeds.is_empty() {
@@ -254,6 +247,17 @@ pub async fn run(
     }
     worked?;
     served.map_err(io("the HTTP server failed"))
+}
+
+/// The search index beside the store, unless `search.enabled` is off.
+fn open_search(app: &Pipeline) -> Result<Option<Arc<SearchIndex>>, PipelineError> {
+    if !app.config().search.enabled {
+        return Ok(None);
+    }
+    let dir = SearchIndex::path_for(&app.config().store.data);
+    let index =
+        SearchIndex::open(dir.as_deref()).map_err(|e| PipelineError::Setup(e.to_string()))?;
+    Ok(Some(Arc::new(index)))
 }
 
 /// The API's runtime, the indexing's, and the address file (written now, removed at the

@@ -68,8 +68,8 @@ impl Served {
     }
 
     /// `/v1/status`'s JSON: `perc status`'s, and what a server knows besides: the search
-    /// index's documents, the recrawl's lag and next URLs, each host's politeness state,
-    /// the fetch and parse rates of the last minutes.
+    /// index's documents, the recrawl's lag, window and next URLs, each host's politeness
+    /// state, the fetch and parse rates of the last minutes, the allocator's figures.
     async fn status_json(
         &self,
         status: perc_pipeline::Status,
@@ -111,6 +111,13 @@ impl Served {
         let rates: Vec<Rate> =
             self.rates.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
         v["rates"] = serde_json::json!(rates);
+        if let Some(figures) = self.allocator {
+            let memory: serde_json::Map<_, _> = figures()
+                .into_iter()
+                .map(|(kind, bytes)| (kind.to_string(), bytes.into()))
+                .collect();
+            v["memory"] = memory.into();
+        }
         v["now_ms"] = self.app.now_ms().into();
         Ok(v)
     }
