@@ -12,6 +12,8 @@
 //!   checked when the target is fetched (its verdict is recorded on the page).
 
 use crate::IndexError;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use perc_crawl::Scope;
@@ -20,7 +22,38 @@ use perc_txn::Transaction;
 
 use crate::model::{self, col, CrawlScope, Follow, Want};
 
-pub struct Discover;
+/// The stage, with the crawl's scope as its last run read it: the scope cell lists every
+/// seed (tens of thousands for a big seed list), and reading it afresh in each run would
+/// make each run cost as much as the seed list. A run reads the cell (its bytes, in its
+/// snapshot) and parses it only when it differs from the last one parsed.
+#[derive(Default)]
+pub struct Discover {
+    last: std::sync::Mutex<Option<(Bytes, Arc<Limits>)>>,
+}
+
+/// The crawl's scope and limits, parsed from `m:config`.
+struct Limits {
+    config: CrawlScope,
+    scope: Scope,
+}
+
+impl Discover {
+    fn limits(&self, raw: Bytes) -> Result<Arc<Limits>, IndexError> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, limits)) = last.as_ref().filter(|(bytes, _)| *bytes == raw) {
+            return Ok(limits.clone());
+        }
+        let corrupt = |e: String| IndexError::corrupt(String::from_utf8_lossy(col::SCOPE), e);
+        let config: CrawlScope =
+            serde_json::from_slice(&raw).map_err(|e| corrupt(e.to_string()))?;
+        let seeds: Vec<url::Url> =
+            config.seeds.iter().filter_map(|s| url::Url::parse(s).ok()).collect();
+        let scope = Scope::new(&seeds, &config.prefixes).map_err(corrupt)?;
+        let limits = Arc::new(Limits { config, scope });
+        *last = Some((raw, limits.clone()));
+        Ok(limits)
+    }
+}
 
 #[async_trait]
 impl Observer for Discover {
@@ -33,15 +66,11 @@ impl Observer for Discover {
         let Some(follow) = model::get_json::<Follow>(txn, row, col::FOLLOW).await? else {
             return Ok(());
         };
-        let Some(config) =
-            model::get_json::<CrawlScope>(txn, model::CONFIG_ROW, col::SCOPE).await?
-        else {
+        let Some(raw) = txn.get(model::CONFIG_ROW, col::SCOPE).await? else {
             return Ok(()); // a replay: nothing is fetched
         };
-        let seeds: Vec<url::Url> =
-            config.seeds.iter().filter_map(|s| url::Url::parse(s).ok()).collect();
-        let scope = Scope::new(&seeds, &config.prefixes)
-            .map_err(|e| IndexError::corrupt(String::from_utf8_lossy(col::SCOPE), e))?;
+        let limits = self.limits(raw)?;
+        let (config, scope) = (&limits.config, &limits.scope);
         let mut targets: Vec<(String, Want)> = Vec::new();
         if follow.depth < config.max_depth {
             for l in &follow.links {

@@ -74,7 +74,12 @@ pub fn registry_with(
     let fetch = fetch::Fetch { source, schedule };
     r.register("fetch", col::WANT, NotifyKind::Strong, Arc::new(fetch))?;
     r.register("parse", col::RAW, NotifyKind::Strong, Arc::new(runs::Parse))?;
-    r.register("discover", col::FOLLOW, NotifyKind::Strong, Arc::new(discover::Discover))?;
+    r.register(
+        "discover",
+        col::FOLLOW,
+        NotifyKind::Strong,
+        Arc::new(discover::Discover::default()),
+    )?;
     r.register(
         "indegree",
         col::INDEG_DIRTY,

@@ -56,63 +56,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<Option<Parsed>, O
         row: url_text.into(),
         problem: format!("not a URL: {e}"),
     })?;
-    let mut meta = Meta { status: head.status, ..Meta::default() };
-    let mut links: Vec<(String, String)> = Vec::new();
-    let mut follow = Follow { depth: head.depth, hops: head.hops, ..Follow::default() };
-    let mut simhash = None;
-    let status = head.status.unwrap_or(0);
-    let html =
-        matches!(head.content_type.as_deref(), Some("text/html") | Some("application/xhtml+xml"));
-    if let Some(error) = &head.error {
-        meta.kind = PageKind::Other;
-        meta.reason = error.clone();
-    } else if (300..400).contains(&status) && head.location.is_some() {
-        let target = head.location.as_deref().map(perc_crawl::normalize).and_then(Result::ok);
-        redirect(&mut meta, &mut follow, &url, target, &format!("HTTP {status}"));
-    } else if !(200..300).contains(&status) {
-        meta.kind = PageKind::Other;
-        meta.reason = format!("HTTP {status}");
-    } else if !html {
-        meta.kind = PageKind::Other;
-        meta.reason =
-            format!("not HTML ({})", head.content_type.as_deref().unwrap_or("no Content-Type"));
-    } else {
-        let parsed = perc_crawl::parse_for_index(&url, &body, head.charset.as_deref());
-        let refresh = parsed.refresh.as_ref();
-        if let Some(depth) = parsed.too_deep {
-            meta.kind = PageKind::Other;
-            meta.reason = format!(
-                "HTML nested more than {} elements deep ({depth} and more): not parsed",
-                perc_crawl::nesting::NESTING_MAX
-            );
-        } else if let Some(target) = refresh.and_then(perc_crawl::Refresh::redirect) {
-            // A delay-0 refresh is a redirect, exactly as an HTTP one (spec §6.2).
-            redirect(&mut meta, &mut follow, &url, Some(target.clone()), "refresh");
-        } else {
-            meta.kind = PageKind::Page;
-            meta.title = parsed.title;
-            meta.noindex = parsed.noindex;
-            meta.content_hash = perc_crawl::content_hash(&body);
-            meta.encoding = parsed.encoding.to_string();
-            meta.long_links_dropped = parsed.long_links as u32;
-            meta.links_over_max = parsed.links_over_max as u32;
-            meta.declared_canonical = parsed.canonical.map(String::from);
-            meta.simhash = parsed.simhash.map(model::simhash_hex);
-            simhash = parsed.simhash;
-            meta.refresh = refresh.map(|r| match &r.target {
-                Some(t) => format!("after {} s to {t}", r.delay_s),
-                None => format!("after {} s, this page again", r.delay_s),
-            });
-            for link in parsed.links {
-                if link.follow {
-                    follow.links.push(link.target.to_string());
-                }
-                links.push((link.target.to_string(), link.anchor));
-            }
-            links.sort();
-            follow.links.sort();
-        }
-    }
+    let Read { meta, links, follow, simhash } = read(&url, &head, &body);
     let kind_before = model::get_json::<Meta>(txn, row, col::META).await?.map(|m| m.kind);
     let counted_before = kind_before.is_some_and(PageKind::counts_inlinks);
     if counted_before != meta.kind.counts_inlinks() {
@@ -155,6 +99,76 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<Option<Parsed>, O
         txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
     }
     Ok(Some(Parsed { meta_changed, simhash, links_before, links }))
+}
+
+/// What the raw record says of the page: its meta, its links (target, anchor), what
+/// discovery may follow, and its body's simhash.
+struct Read {
+    meta: Meta,
+    links: Vec<(String, String)>,
+    follow: Follow,
+    simhash: Option<u64>,
+}
+
+fn read(url: &url::Url, head: &model::RawHead, body: &[u8]) -> Read {
+    let mut meta = Meta { status: head.status, ..Meta::default() };
+    let mut links: Vec<(String, String)> = Vec::new();
+    let mut follow = Follow { depth: head.depth, hops: head.hops, ..Follow::default() };
+    let mut simhash = None;
+    let status = head.status.unwrap_or(0);
+    let html =
+        matches!(head.content_type.as_deref(), Some("text/html") | Some("application/xhtml+xml"));
+    if let Some(error) = &head.error {
+        meta.kind = PageKind::Other;
+        meta.reason = error.clone();
+    } else if (300..400).contains(&status) && head.location.is_some() {
+        let target = head.location.as_deref().map(perc_crawl::normalize).and_then(Result::ok);
+        redirect(&mut meta, &mut follow, url, target, &format!("HTTP {status}"));
+    } else if !(200..300).contains(&status) {
+        meta.kind = PageKind::Other;
+        meta.reason = format!("HTTP {status}");
+    } else if !html {
+        meta.kind = PageKind::Other;
+        meta.reason =
+            format!("not HTML ({})", head.content_type.as_deref().unwrap_or("no Content-Type"));
+    } else {
+        let parsed = perc_crawl::parse_for_index(url, body, head.charset.as_deref());
+        let refresh = parsed.refresh.as_ref();
+        if let Some(depth) = parsed.too_deep {
+            meta.kind = PageKind::Other;
+            meta.reason = format!(
+                "HTML nested more than {} elements deep ({depth} and more): not parsed",
+                perc_crawl::nesting::NESTING_MAX
+            );
+        } else if let Some(target) = refresh.and_then(perc_crawl::Refresh::redirect) {
+            // A delay-0 refresh is a redirect, exactly as an HTTP one (spec §6.2).
+            redirect(&mut meta, &mut follow, url, Some(target.clone()), "refresh");
+        } else {
+            meta.kind = PageKind::Page;
+            meta.title = parsed.title;
+            meta.noindex = parsed.noindex;
+            meta.content_hash = perc_crawl::content_hash(body);
+            meta.encoding = parsed.encoding.to_string();
+            meta.long_links_dropped = parsed.long_links as u32;
+            meta.links_over_max = parsed.links_over_max as u32;
+            meta.declared_canonical = parsed.canonical.map(String::from);
+            meta.simhash = parsed.simhash.map(model::simhash_hex);
+            simhash = parsed.simhash;
+            meta.refresh = refresh.map(|r| match &r.target {
+                Some(t) => format!("after {} s to {t}", r.delay_s),
+                None => format!("after {} s, this page again", r.delay_s),
+            });
+            for link in parsed.links {
+                if link.follow {
+                    follow.links.push(link.target.to_string());
+                }
+                links.push((link.target.to_string(), link.anchor));
+            }
+            links.sort();
+            follow.links.sort();
+        }
+    }
+    Read { meta, links, follow, simhash }
 }
 
 /// Makes `meta` a redirect to `target` (by `how`: "HTTP 301", "refresh"), or, for a target
