@@ -389,7 +389,7 @@ fn discover_wants_the_links_in_scope() {
             t.set(page.clone(), Bytes::from_static(col::FOLLOW), follow);
         })
         .await;
-        let discover = perc_observers::discover::Discover;
+        let discover = perc_observers::discover::Discover::default();
         let column = Bytes::from_static(col::FOLLOW);
         let mut t = c.begin().await.unwrap();
         discover.observe(&mut t, &page, &column).await.unwrap();

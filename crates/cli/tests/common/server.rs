@@ -11,6 +11,9 @@ pub struct Server {
     child: Child,
     pub base: String,
     pub client: reqwest::blocking::Client,
+    /// Where its stderr goes (beside the store, appended to by each server on it): printed
+    /// when it exits other than 0, for the test's failure to show.
+    log: std::path::PathBuf,
 }
 
 impl Server {
@@ -18,9 +21,11 @@ impl Server {
     /// says where it listens.
     pub fn start(data: &Path, args: &[&str]) -> Server {
         let serve = ["--set", "serve.body_bytes_max=4096", "serve", "--listen", "127.0.0.1:0"];
+        let log = data.with_extension("serve.log");
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
         let mut child = super::command(data, &[&serve[..], args].concat())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("run perc serve");
         let mut line = String::new();
@@ -32,7 +37,7 @@ impl Server {
             .to_string();
         let client =
             reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
-        Server { child, base, client }
+        Server { child, base, client, log }
     }
 
     /// The nice value of each of the server's threads, by thread name (Linux's
@@ -137,7 +142,12 @@ impl Server {
     pub fn terminate(mut self) -> Option<i32> {
         let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         assert!(sent.unwrap().success());
-        self.child.wait().unwrap().code()
+        let code = self.child.wait().unwrap().code();
+        if code != Some(0) {
+            let said = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("perc serve exited with {code:?}; its stderr:\n{said}");
+        }
+        code
     }
 }
 
