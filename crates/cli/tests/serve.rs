@@ -80,6 +80,10 @@ fn metrics_agree_with_status(server: &Server) {
             let allocated = value("perc_allocator_bytes", Some(("kind", "allocated")));
             let resident = value("perc_allocator_bytes", Some(("kind", "resident")));
             assert!(allocated > Some(1e6) && resident >= allocated, "{text}");
+            // And in the status, for a client that does not scrape.
+            let memory = |kind: &str| status["memory"][kind].as_f64();
+            assert!(memory("allocated") > Some(1e6), "{status}");
+            assert!(memory("resident") >= memory("allocated"), "{status}");
             return;
         }
         last = format!("{status}\n{text}");

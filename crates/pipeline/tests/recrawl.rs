@@ -181,24 +181,31 @@ fn a_url_never_fetched_is_recorded_with_the_reason_until_it_answers() {
     });
 }
 
+/// Eight pages that link to each other, crawled, each due again a minute after its fetch;
+/// configured further by `set`.
+async fn eight_pages_crawled(set: impl FnOnce(&mut Config)) -> (Pipeline, Arc<ManualClock>) {
+    let site = Site::default();
+    let urls: Vec<String> = (0..8).map(|i| format!("http://site.test/p{i}")).collect();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    for u in &urls {
+        site.set(u, &page(u, &refs));
+    }
+    let (app, clock) = app(&site, |c| {
+        c.recrawl.interval_s = 60;
+        c.recrawl.min_interval_s = 60;
+        set(c);
+    })
+    .await;
+    crawl(&app, &urls[0]).await;
+    assert_eq!(export(&app).await.len(), 8);
+    (app, clock)
+}
+
 #[test]
 fn the_recrawl_asks_for_nothing_while_the_index_is_behind() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let site = Site::default();
-        let urls: Vec<String> = (0..8).map(|i| format!("http://site.test/p{i}")).collect();
-        let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
-        for u in &urls {
-            site.set(u, &page(u, &refs));
-        }
-        let (app, clock) = app(&site, |c| {
-            c.recrawl.interval_s = 60;
-            c.recrawl.min_interval_s = 60;
-            c.recrawl.pending_max = 3;
-        })
-        .await;
-        crawl(&app, &urls[0]).await;
-        assert_eq!(export(&app).await.len(), 8);
+        let (app, clock) = eight_pages_crawled(|c| c.recrawl.pending_max = 3).await;
         // Every URL is due; nothing waits: it asks for as many as would reach the bound.
         clock.advance_ms(61_000);
         assert_eq!(app.recrawl_due().await.unwrap(), 3);
@@ -219,19 +226,7 @@ fn the_recrawl_asks_for_nothing_while_the_index_is_behind() {
 fn the_recrawl_asks_for_nothing_while_a_notification_has_waited_too_long() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let site = Site::default();
-        let urls: Vec<String> = (0..8).map(|i| format!("http://site.test/p{i}")).collect();
-        let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
-        for u in &urls {
-            site.set(u, &page(u, &refs));
-        }
-        let (app, clock) = app(&site, |c| {
-            c.recrawl.interval_s = 60;
-            c.recrawl.min_interval_s = 60;
-            c.recrawl.pending_age_s = 30;
-        })
-        .await;
-        crawl(&app, &urls[0]).await;
+        let (app, clock) = eight_pages_crawled(|c| c.recrawl.pending_age_s = 30).await;
         // One notification waits for parse (a row with nothing to parse), far under
         // pending_max, for 31 s: every URL is due, and none is asked for.
         let parse = app.engine().registry().all().find(|r| r.name == "parse").unwrap();
