@@ -101,6 +101,17 @@ async fn first_run(c: &Client, name: &str, run: impl AsyncFnOnce(&mut Transactio
     t.commit().await.unwrap();
 }
 
+/// A stage that returns nothing: its first run against its golden, then a second run that
+/// changes nothing.
+async fn runs_once(c: &Client, name: &str, run: impl AsyncFn(&mut Transaction)) {
+    first_run(c, name, async |t| {
+        run(t).await;
+        "()".into()
+    })
+    .await;
+    changes_nothing(c, run).await;
+}
+
 /// Runs a stage again on what the first run committed: it buffers nothing.
 async fn changes_nothing(c: &Client, run: impl AsyncFnOnce(&mut Transaction)) {
     let mut again = c.begin().await.unwrap();
@@ -242,12 +253,7 @@ fn alias_registers_a_redirect_at_its_target() {
         let page = model::page(A);
         given(&c, |t| t.set(page.clone(), Bytes::from_static(col::REDIRECT), B)).await;
         let run = async |t: &mut Transaction| alias::run(t, &page).await.unwrap();
-        first_run(&c, "alias", async |t| {
-            run(t).await;
-            "()".into()
-        })
-        .await;
-        changes_nothing(&c, run).await;
+        runs_once(&c, "alias", run).await;
     });
 }
 
@@ -264,12 +270,7 @@ fn export_makes_the_line_from_the_pages_cells() {
         })
         .await;
         let run = async |t: &mut Transaction| export::run(t, &page).await.unwrap();
-        first_run(&c, "export", async |t| {
-            run(t).await;
-            "()".into()
-        })
-        .await;
-        changes_nothing(&c, run).await;
+        runs_once(&c, "export", run).await;
     });
 }
 
