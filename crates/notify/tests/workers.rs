@@ -182,6 +182,107 @@ fn scanners_wait_for_news_while_runs_are_in_flight_and_lose_nothing() {
     });
 }
 
+/// Makes every read of the notify family take `ms` longer, and counts them: the reread of
+/// a long backlog, in small.
+struct SlowNotifyReads {
+    ms: u64,
+    reads: AtomicU64,
+}
+
+#[async_trait]
+impl Hook for SlowNotifyReads {
+    async fn before(&self, call: Call<'_>) {
+        if matches!(call, Call::Scan(scan) if scan.family == perc_txn::actions::NOTIFY.name) {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(self.ms)).await;
+        }
+    }
+}
+
+/// Passes a count from row "x" to row "y" and back, one more each time, up to `last`.
+struct PingPong {
+    last: u64,
+}
+
+#[async_trait]
+impl Observer for PingPong {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        let n: u64 = text(txn.get(row, column).await?).parse().unwrap();
+        if n < self.last {
+            let other = if row.as_ref() == b"x" { "y" } else { "x" };
+            txn.set(other, "n", (n + 1).to_string());
+        }
+        Ok(())
+    }
+}
+
+/// A scanner that took `d` to read the notifications pauses at least 4d before reading them
+/// again, whatever news comes meanwhile, while the workers are busy: reading a backlog costs
+/// at most a fifth of a scanner's time however long it is. Before, every commit that
+/// notified began a new read at once: with thousands of fetches waiting their turn, a first
+/// crawl of many seeds spent its CPU rereading them.
+#[test]
+fn a_scanner_pauses_four_times_as_long_as_it_read_while_the_workers_are_busy() {
+    const READ_MS: u64 = 40;
+    const STEPS: u64 = 12;
+    let rt = rt();
+    rt.block_on(async {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let started = Arc::new(tokio::sync::Semaphore::new(0));
+        let gated = Arc::new(Gated {
+            gates: [("g", gate.clone())].into_iter().collect(),
+            started: started.clone(),
+        });
+        let mut reg = Registry::new();
+        reg.register("G", "v", NotifyKind::Strong, gated).unwrap();
+        reg.register("P", "n", NotifyKind::Strong, Arc::new(PingPong { last: STEPS })).unwrap();
+        let hook = SlowNotifyReads { ms: READ_MS, reads: AtomicU64::new(0) };
+        let store = Arc::new(Hooked::new(MemStore::new(perc_notify::schema()), hook));
+        let env = Env::new(store.clone(), reg, false).await;
+        let reads = || store.hook().reads.load(Ordering::SeqCst);
+        // A run that holds its worker to the end: the workers stay busy.
+        env.write("g", "v", "1").await;
+        let config = NotifyConfig {
+            scanners: 1,
+            concurrency: 4,
+            idle_ms: 60_000,
+            idle_max_ms: 60_000,
+            gc_interval_ms: 0,
+            ..NotifyConfig::default()
+        };
+        let (_engine, workers) = env.workers(config).await;
+        started.acquire().await.unwrap().forget();
+
+        // Each step commits the next step's notification: news at once, every time.
+        let (began, reads_before) = (std::time::Instant::now(), reads());
+        env.write("x", "n", "0").await;
+        workers.kick();
+        let last_row = if STEPS % 2 == 0 { "x" } else { "y" };
+        while env.read(last_row, "n").await != Some(STEPS.to_string()) {
+            tokio::task::yield_now().await;
+        }
+        let took_ms = began.elapsed().as_millis() as u64;
+        let read = reads() - reads_before;
+        // A read and its pause take at least 5 x READ_MS; the first read may come right
+        // away, and a round that began part-way reads twice.
+        let most = took_ms / (5 * READ_MS) + 3;
+        assert!(
+            read <= most,
+            "{read} reads of the notifications in {took_ms} ms (at most {most}): a scanner \
+             read again on news without pausing"
+        );
+        assert!(read >= STEPS, "a step is found by a read: {read} reads for {STEPS} steps");
+        gate.add_permits(1);
+        workers.wait().await.unwrap();
+        workers.shutdown().await;
+    });
+}
+
 /// Writes its row's `out`, moving the test's clock on by `slow_ms` during its first run.
 struct SlowOnce {
     clock: std::sync::OnceLock<Arc<ManualClock>>,
