@@ -385,58 +385,10 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             round.found = true;
         }
         refused_before = engine.lease_refused.load(Ordering::Relaxed);
-        last_dispatched = 0;
-        for p in batch {
-            let key = (p.row.clone(), p.column.clone());
-            if shared.refind(&key, p.ts) {
-                continue;
-            }
-            let reg = engine.registration(&p.column);
-            let weak = reg.is_some_and(|r| r.kind == NotifyKind::Weak);
-            let stage = reg.map_or(usize::MAX, |r| r.stage);
-            let upstream = round.upstream_now.min(round.upstream_last);
-            round.upstream_now = round.upstream_now.min(stage);
-            if config.gather_ms > 0 && weak {
-                let window = if upstream < stage { UPSTREAM_WINDOWS } else { 1 } * config.gather_ms;
-                if shared.held_back(&key, window, busy_runs, &mut round) {
-                    continue;
-                }
-            }
-            // A run that waits on the network takes a permit of its own pool, in a task of
-            // its own that waits its turn: this scanner goes on to the notifications behind
-            // it rather than wait for a slow host. The pool's semaphore is first come, first
-            // served, so the waiting runs go in the order the scanners found them: under a
-            // backlog no fetch waits longer than the ones found before it (a scanner that
-            // took whatever permit was free as it passed served the rows it reaches first
-            // after each pause, and the last rows waited for ever).
-            let io = reg.is_some_and(|r| r.observer.waits_on_io());
-            if io && shared.io_waiting.load(Ordering::SeqCst) >= IO_WAITING_MAX {
-                continue;
-            }
-            if !shared.start_running(&key, p.ts) {
-                continue;
-            }
-            last_dispatched += 1;
-            let permit = match io {
-                true => {
-                    shared.io_waiting.fetch_add(1, Ordering::SeqCst);
-                    None
-                }
-                false => {
-                    let asked = engine.client().clock().now_ms();
-                    let permit = shared.permits.clone().acquire_owned().await;
-                    round.waited_ms += engine.client().clock().now_ms().saturating_sub(asked);
-                    match permit {
-                        Ok(p) => Some(p),
-                        Err(_) => {
-                            shared.end_running(&key);
-                            return;
-                        }
-                    }
-                }
-            };
-            spawn_run(shared.clone(), p, key, io, permit);
-        }
+        last_dispatched = match dispatch(&shared, batch, &mut round, busy_runs).await {
+            Some(n) => n,
+            None => return,
+        };
         match next {
             Some(n) => pos = n,
             None => {
@@ -449,6 +401,72 @@ async fn scanner(shared: Arc<Shared>, me: usize) {
             }
         }
     }
+}
+
+/// Hands each notification of `batch` to a run, but those a run of this process answers,
+/// those held back for gathering, and network runs past [`IO_WAITING_MAX`]: how many it
+/// dispatched; `None` once the workers are stopping.
+async fn dispatch(
+    shared: &Arc<Shared>,
+    batch: Vec<Pending>,
+    round: &mut Round,
+    busy_runs: usize,
+) -> Option<u64> {
+    let engine = &shared.engine;
+    let config = engine.config();
+    let mut dispatched = 0;
+    for p in batch {
+        let key = (p.row.clone(), p.column.clone());
+        if shared.refind(&key, p.ts) {
+            continue;
+        }
+        let reg = engine.registration(&p.column);
+        let weak = reg.is_some_and(|r| r.kind == NotifyKind::Weak);
+        let stage = reg.map_or(usize::MAX, |r| r.stage);
+        let upstream = round.upstream_now.min(round.upstream_last);
+        round.upstream_now = round.upstream_now.min(stage);
+        if config.gather_ms > 0 && weak {
+            let window = if upstream < stage { UPSTREAM_WINDOWS } else { 1 } * config.gather_ms;
+            if shared.held_back(&key, window, busy_runs, round) {
+                continue;
+            }
+        }
+        // A run that waits on the network takes a permit of its own pool, in a task of
+        // its own that waits its turn: this scanner goes on to the notifications behind
+        // it rather than wait for a slow host. The pool's semaphore is first come, first
+        // served, so the waiting runs go in the order the scanners found them: under a
+        // backlog no fetch waits longer than the ones found before it (a scanner that
+        // took whatever permit was free as it passed served the rows it reaches first
+        // after each pause, and the last rows waited for ever).
+        let io = reg.is_some_and(|r| r.observer.waits_on_io());
+        if io && shared.io_waiting.load(Ordering::SeqCst) >= IO_WAITING_MAX {
+            continue;
+        }
+        if !shared.start_running(&key, p.ts) {
+            continue;
+        }
+        dispatched += 1;
+        let permit = match io {
+            true => {
+                shared.io_waiting.fetch_add(1, Ordering::SeqCst);
+                None
+            }
+            false => {
+                let asked = engine.client().clock().now_ms();
+                let permit = shared.permits.clone().acquire_owned().await;
+                round.waited_ms += engine.client().clock().now_ms().saturating_sub(asked);
+                match permit {
+                    Ok(p) => Some(p),
+                    Err(_) => {
+                        shared.end_running(&key);
+                        return None;
+                    }
+                }
+            }
+        };
+        spawn_run(shared.clone(), p, key, io, permit);
+    }
+    Some(dispatched)
 }
 
 /// Runs `p` on a task of its own: with `permit`, at once; without (a run that waits on the
