@@ -20,7 +20,14 @@
 //! families where they are; its Own families' cells are moved once, when a process of this
 //! version first opens the table ([`crate::BigtableStore::open`]).
 
+use bigtable_rs::google::bigtable::v2::{
+    mutation, row_filter, Mutation as BtMutation, ReadRowsRequest, RowSet,
+};
 use bytes::Bytes;
+use perc_store::Locality;
+
+use crate::convert::{filter, row_range, rpc, set_cell};
+use crate::{Entry, Error, LAYOUT_VERSION};
 
 const FF: u8 = 0xFF;
 /// The second byte of a stored key under FF: an Own family's range.
@@ -109,6 +116,103 @@ pub fn own_range(family: &str, start: &[u8], end: &[u8]) -> KeyRange {
         own_key(family, end)
     };
     KeyRange { start: own_key(family, start), end }
+}
+
+/// Moving a table of an older layout into this one.
+impl crate::BigtableStore {
+    /// Makes sure the table is in this version's layout: a table this process created is
+    /// marked; a table without the mark, written by an older perc, has every Own family's
+    /// cells moved from their rows into the family's range, then is marked. Moving twice (two
+    /// processes starting at once, or a start after a crash in the middle) only writes the
+    /// same cells again.
+    pub(crate) async fn settle_layout(&self, created: bool) -> Result<(), Error> {
+        let Some(marker) = self.schema.families().first().map(|f| f.name) else {
+            return Ok(());
+        };
+        if !created {
+            let rows = RowSet { row_keys: vec![mark_key()], row_ranges: vec![] };
+            let got = self
+                .read(rows, filter(row_filter::Filter::PassAllFilter(true)))
+                .await
+                .map_err(|e| Error::Rpc(e.to_string()))?;
+            if got.iter().any(|(_, cells)| !cells.is_empty()) {
+                return Ok(());
+            }
+            for family in self.schema.families().iter().filter(|f| f.locality == Locality::Own) {
+                self.move_own_family(family.name).await.map_err(|e| Error::Rpc(e.to_string()))?;
+            }
+        }
+        let mark = Entry {
+            key: mark_key(),
+            mutations: vec![set_cell(marker, b"layout".to_vec(), 0, LAYOUT_VERSION.to_vec())],
+        };
+        self.mutate_entries(vec![mark]).await.map_err(|e| Error::Rpc(e.to_string()))
+    }
+
+    /// Moves `family`'s cells from the rows of an older layout into its own range: each
+    /// batch's cells are written there first, then deleted where they were.
+    async fn move_own_family(&self, family: &str) -> perc_store::Result<()> {
+        const BATCH_ROWS: usize = 1000;
+        let mut start: Vec<u8> = Vec::new();
+        let mut moved = 0usize;
+        loop {
+            let req = ReadRowsRequest {
+                table_name: self.table.clone(),
+                rows: Some(RowSet {
+                    row_keys: vec![],
+                    // The older layout's rows never start with FF.
+                    row_ranges: vec![row_range(KeyRange { start: start.clone(), end: vec![0xFF] })],
+                }),
+                filter: Some(filter(row_filter::Filter::FamilyNameRegexFilter(format!(
+                    "^{family}$"
+                )))),
+                rows_limit: BATCH_ROWS as i64,
+                ..ReadRowsRequest::default()
+            };
+            let got = self.client().read_rows(req).await.map_err(|e| rpc("ReadRows", e))?;
+            let (puts, deletes): (Vec<Entry>, Vec<Entry>) = got
+                .iter()
+                .map(|(row, cells)| {
+                    let put = Entry {
+                        key: own_key(family, row),
+                        mutations: cells
+                            .iter()
+                            .map(|c| {
+                                set_cell(
+                                    family,
+                                    c.qualifier.clone(),
+                                    c.timestamp_micros,
+                                    c.value.clone(),
+                                )
+                            })
+                            .collect(),
+                    };
+                    let delete = Entry {
+                        key: row.clone(),
+                        mutations: vec![BtMutation {
+                            mutation: Some(mutation::Mutation::DeleteFromFamily(
+                                mutation::DeleteFromFamily { family_name: family.to_string() },
+                            )),
+                        }],
+                    };
+                    (put, delete)
+                })
+                .unzip();
+            self.mutate_entries(puts).await?;
+            self.mutate_entries(deletes).await?;
+            moved += got.len();
+            match got.last() {
+                Some((last, _)) if got.len() == BATCH_ROWS => {
+                    start = [last.as_slice(), &[0]].concat()
+                }
+                _ => break,
+            }
+        }
+        if moved > 0 {
+            tracing::info!(family, rows = moved, "moved a family into its own key range");
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

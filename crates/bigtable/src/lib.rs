@@ -38,6 +38,7 @@
 //! deletes): rows that fail are retried a few times, then the call fails naming the row.
 
 pub mod admin;
+mod convert;
 pub mod emulator;
 pub mod layout;
 
@@ -47,18 +48,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bigtable_rs::bigtable::{BigTable, BigTableConnection, RowCell};
 use bigtable_rs::google::bigtable::v2::{
-    column_range, mutation, row_filter, row_range, CheckAndMutateRowRequest, ColumnRange,
-    MutateRowsRequest, Mutation as BtMutation, ReadRowsRequest, RowFilter, RowRange, RowSet,
-    TimestampRange,
+    row_filter, CheckAndMutateRowRequest, MutateRowsRequest, Mutation as BtMutation,
+    ReadRowsRequest, RowFilter, RowSet,
 };
 use bytes::Bytes;
 use futures::StreamExt;
 use perc_store::{
     validate_check_and_mutate, validate_reads, validate_row_mutation, Cell, ColumnRead, Condition,
-    Locality, Mutation, RowMutation, RowRead, Scan, ScanCell, Schema, Store, StoreError, Ts,
-    TsRange,
+    Locality, Mutation, RowMutation, RowRead, Scan, ScanCell, Schema, Store, StoreError, TsRange,
 };
 
+use convert::{
+    block_all, chain, column_filter, demux, disjoint_ranges, filter, interleave, mutation,
+    reads_filter, rpc, ts_of,
+};
 use layout::KeyRange;
 
 pub use emulator::Emulator;
@@ -125,148 +128,6 @@ pub struct BigtableStore {
     client: BigTable,
     table: String,
     schema: Schema,
-}
-
-fn rpc(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io { backend: "bigtable", detail: format!("{what}: {e}") }
-}
-
-fn micros(ts: Ts) -> i64 {
-    ts.0 as i64 * 1000
-}
-
-fn ts_of(micros: i64) -> Ts {
-    Ts((micros / 1000) as u64)
-}
-
-fn range(r: TsRange) -> TimestampRange {
-    TimestampRange {
-        start_timestamp_micros: micros(r.min),
-        end_timestamp_micros: micros(r.max.next()),
-    }
-}
-
-/// Stored key ranges as disjoint ranges in key order (what one ReadRows reads once).
-fn disjoint_ranges(mut spans: Vec<KeyRange>) -> Vec<RowRange> {
-    spans.sort_by(|a, b| (&a.start, &a.end).cmp(&(&b.start, &b.end)));
-    // An empty end is the end of the table: after every key.
-    let after = |a: &[u8], b: &[u8]| b.is_empty() || (!a.is_empty() && a <= b);
-    let mut merged: Vec<KeyRange> = Vec::new();
-    for span in spans {
-        match merged.last_mut() {
-            Some(last) if last.end.is_empty() || span.start <= last.end => {
-                if !after(&span.end, &last.end) {
-                    last.end = span.end;
-                }
-            }
-            _ => merged.push(span),
-        }
-    }
-    merged.into_iter().map(row_range).collect()
-}
-
-fn row_range(r: KeyRange) -> RowRange {
-    RowRange {
-        start_key: Some(row_range::StartKey::StartKeyClosed(r.start)),
-        end_key: (!r.end.is_empty()).then_some(row_range::EndKey::EndKeyOpen(r.end)),
-    }
-}
-
-fn filter(f: row_filter::Filter) -> RowFilter {
-    RowFilter { filter: Some(f) }
-}
-
-fn chain(filters: Vec<RowFilter>) -> RowFilter {
-    if filters.len() == 1 {
-        return filters.into_iter().next().expect("one");
-    }
-    filter(row_filter::Filter::Chain(row_filter::Chain { filters }))
-}
-
-fn interleave(filters: Vec<RowFilter>) -> RowFilter {
-    if filters.len() == 1 {
-        return filters.into_iter().next().expect("one");
-    }
-    filter(row_filter::Filter::Interleave(row_filter::Interleave { filters }))
-}
-
-fn block_all() -> RowFilter {
-    filter(row_filter::Filter::BlockAllFilter(true))
-}
-
-/// Exactly one column, in a timestamp range.
-fn column_filter(family: &str, qualifier: &[u8], r: TsRange) -> Vec<RowFilter> {
-    vec![
-        filter(row_filter::Filter::ColumnRangeFilter(ColumnRange {
-            family_name: family.to_string(),
-            start_qualifier: Some(column_range::StartQualifier::StartQualifierClosed(
-                qualifier.to_vec(),
-            )),
-            end_qualifier: Some(column_range::EndQualifier::EndQualifierClosed(qualifier.to_vec())),
-        })),
-        filter(row_filter::Filter::TimestampRangeFilter(range(r))),
-    ]
-}
-
-/// The filter of one read, labelled with its index.
-fn read_filter(i: usize, read: &ColumnRead) -> RowFilter {
-    let mut f = column_filter(read.column.family, &read.column.qualifier, read.range);
-    if read.versions < i32::MAX as u32 {
-        f.push(filter(row_filter::Filter::CellsPerColumnLimitFilter(read.versions as i32)));
-    }
-    f.push(filter(row_filter::Filter::ApplyLabelTransformer(i.to_string())));
-    chain(f)
-}
-
-fn reads_filter(reads: &[ColumnRead]) -> RowFilter {
-    interleave(reads.iter().enumerate().map(|(i, r)| read_filter(i, r)).collect())
-}
-
-/// Sorts one row's labelled cells into the answer of each read, newest first.
-fn demux(cells: Vec<RowCell>, n: usize) -> Result<Vec<Vec<Cell>>, StoreError> {
-    let mut out: Vec<Vec<Cell>> = vec![Vec::new(); n];
-    for c in cells {
-        for label in &c.labels {
-            let i: usize = label
-                .parse()
-                .ok()
-                .filter(|i| *i < n)
-                .ok_or_else(|| rpc("read", format!("unexpected label {label:?}")))?;
-            out[i]
-                .push(Cell { ts: ts_of(c.timestamp_micros), value: Bytes::from(c.value.clone()) });
-        }
-    }
-    for cells in &mut out {
-        cells.sort_by_key(|c| std::cmp::Reverse(c.ts));
-    }
-    Ok(out)
-}
-
-/// A put of `value` at `micros` into `family:qualifier`.
-fn set_cell(family: &str, qualifier: Vec<u8>, micros: i64, value: Vec<u8>) -> BtMutation {
-    BtMutation {
-        mutation: Some(mutation::Mutation::SetCell(mutation::SetCell {
-            family_name: family.to_string(),
-            column_qualifier: qualifier,
-            timestamp_micros: micros,
-            value,
-        })),
-    }
-}
-
-fn mutation(m: &Mutation) -> BtMutation {
-    match m {
-        Mutation::Put { column, ts, value } => {
-            set_cell(column.family, column.qualifier.to_vec(), micros(*ts), value.to_vec())
-        }
-        Mutation::Delete { column, range: r } => BtMutation {
-            mutation: Some(mutation::Mutation::DeleteFromColumn(mutation::DeleteFromColumn {
-                family_name: column.family.to_string(),
-                column_qualifier: column.qualifier.to_vec(),
-                time_range: Some(range(*r)),
-            })),
-        },
-    }
 }
 
 impl BigtableStore {
@@ -340,100 +201,6 @@ impl BigtableStore {
             Locality::Own => vec![layout::own_range(family, start, end)],
             Locality::Row => layout::row_ranges(start, end),
         })
-    }
-
-    /// Makes sure the table is in this version's layout: a table this process created is
-    /// marked; a table without the mark, written by an older perc, has every Own family's
-    /// cells moved from their rows into the family's range, then is marked. Moving twice (two
-    /// processes starting at once, or a start after a crash in the middle) only writes the
-    /// same cells again.
-    async fn settle_layout(&self, created: bool) -> Result<(), Error> {
-        let Some(marker) = self.schema.families().first().map(|f| f.name) else {
-            return Ok(());
-        };
-        if !created {
-            let rows = RowSet { row_keys: vec![layout::mark_key()], row_ranges: vec![] };
-            let got = self
-                .read(rows, filter(row_filter::Filter::PassAllFilter(true)))
-                .await
-                .map_err(|e| Error::Rpc(e.to_string()))?;
-            if got.iter().any(|(_, cells)| !cells.is_empty()) {
-                return Ok(());
-            }
-            for family in self.schema.families().iter().filter(|f| f.locality == Locality::Own) {
-                self.move_own_family(family.name).await.map_err(|e| Error::Rpc(e.to_string()))?;
-            }
-        }
-        let mark = Entry {
-            key: layout::mark_key(),
-            mutations: vec![set_cell(marker, b"layout".to_vec(), 0, LAYOUT_VERSION.to_vec())],
-        };
-        self.mutate_entries(vec![mark]).await.map_err(|e| Error::Rpc(e.to_string()))
-    }
-
-    /// Moves `family`'s cells from the rows of an older layout into its own range: each
-    /// batch's cells are written there first, then deleted where they were.
-    async fn move_own_family(&self, family: &str) -> perc_store::Result<()> {
-        const BATCH_ROWS: usize = 1000;
-        let mut start: Vec<u8> = Vec::new();
-        let mut moved = 0usize;
-        loop {
-            let req = ReadRowsRequest {
-                table_name: self.table.clone(),
-                rows: Some(RowSet {
-                    row_keys: vec![],
-                    // The older layout's rows never start with FF.
-                    row_ranges: vec![row_range(KeyRange { start: start.clone(), end: vec![0xFF] })],
-                }),
-                filter: Some(filter(row_filter::Filter::FamilyNameRegexFilter(format!(
-                    "^{family}$"
-                )))),
-                rows_limit: BATCH_ROWS as i64,
-                ..ReadRowsRequest::default()
-            };
-            let got = self.client().read_rows(req).await.map_err(|e| rpc("ReadRows", e))?;
-            let (puts, deletes): (Vec<Entry>, Vec<Entry>) = got
-                .iter()
-                .map(|(row, cells)| {
-                    let put = Entry {
-                        key: layout::own_key(family, row),
-                        mutations: cells
-                            .iter()
-                            .map(|c| {
-                                set_cell(
-                                    family,
-                                    c.qualifier.clone(),
-                                    c.timestamp_micros,
-                                    c.value.clone(),
-                                )
-                            })
-                            .collect(),
-                    };
-                    let delete = Entry {
-                        key: row.clone(),
-                        mutations: vec![BtMutation {
-                            mutation: Some(mutation::Mutation::DeleteFromFamily(
-                                mutation::DeleteFromFamily { family_name: family.to_string() },
-                            )),
-                        }],
-                    };
-                    (put, delete)
-                })
-                .unzip();
-            self.mutate_entries(puts).await?;
-            self.mutate_entries(deletes).await?;
-            moved += got.len();
-            match got.last() {
-                Some((last, _)) if got.len() == BATCH_ROWS => {
-                    start = [last.as_slice(), &[0]].concat()
-                }
-                _ => break,
-            }
-        }
-        if moved > 0 {
-            tracing::info!(family, rows = moved, "moved a family into its own key range");
-        }
-        Ok(())
     }
 
     fn client(&self) -> BigTable {
