@@ -32,6 +32,7 @@ pub mod error;
 pub mod gc;
 pub mod liveness;
 pub mod record;
+mod scan;
 mod transaction;
 
 use perc_store::FamilySpec;
@@ -43,7 +44,8 @@ pub use commit::{CommitStep, Crashed};
 pub use error::{Retryable, TxnError};
 pub use liveness::{Liveness, ProcessKind};
 pub use record::{ClientId, LockRecord, WriteKind, WriteRecord};
-pub use transaction::{Probes, RangeScan, Transaction, Version};
+pub use scan::RangeScan;
+pub use transaction::{Probes, Transaction, Version};
 
 /// The families this layer needs in the store's schema.
 pub const FAMILIES: [FamilySpec; 5] =
