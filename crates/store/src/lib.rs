@@ -34,6 +34,7 @@ pub mod mem;
 mod row;
 pub mod sled_backend;
 mod sled_compact;
+mod sled_open;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -47,8 +48,9 @@ pub use coalesce::Coalesced;
 pub use counted::{Counted, OpCounts};
 pub use hooked::{Call, Hook, Hooked};
 pub use mem::MemStore;
-pub use sled_backend::{ColumnUsage, SledOptions, SledStore, TreeUsage, Usage};
+pub use sled_backend::{ColumnUsage, SledStore, TreeUsage, Usage};
 pub use sled_compact::Compacted;
+pub use sled_open::SledOptions;
 
 /// A timestamp: a version of a cell. Handed out by the oracle, strictly increasing.
 ///

@@ -37,9 +37,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::sled_backend::{
-    blob_id_base, io, open_db, sled_config, stored_conf, BLOBS, BLOB_ID_BASE, ROWS,
-};
+use crate::sled_backend::{blob_id_base, BLOBS, BLOB_ID_BASE, ROWS};
+use crate::sled_open::{io, open_db, sled_config, stored_conf};
 use crate::{Result, SledOptions, StoreError};
 
 /// The directory the copy is made in, inside the store's directory.
