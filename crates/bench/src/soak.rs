@@ -85,28 +85,52 @@ pub fn run(minutes: f64, pages: usize, extra: &[String]) -> Result<()> {
 
     // The end: the site holds still; every URL is fetched again; the index must equal a
     // fresh crawl of the final site from the same seeds.
+    let diff = against_a_fresh_crawl(&perc, tmp.path(), &data, &seeds)?;
+    drop(site);
+
+    print_samples(
+        &samples,
+        &format!(
+            "perc serve soak: {pages} pages due every {fastest}-{slowest} s, {changed} changing \
+             every 30 s, for {minutes} minutes (samples)"
+        ),
+    );
+    let demand = (pages as u64 / slowest, pages as u64 / fastest);
+    print_summary(&samples, minutes, demand, (fastest, slowest), &diff);
+    Ok(())
+}
+
+/// `perc refetch --all` on the soaked store, then its export against a fresh crawl's from
+/// the same seeds: `perc diff`'s output (exit 0: equal).
+fn against_a_fresh_crawl(
+    perc: &Path,
+    dir: &Path,
+    data: &Path,
+    seeds: &Path,
+) -> Result<std::process::Output> {
     let ok = run_quiet;
-    ok(Command::new(&perc).arg("--data").arg(&data).args(["refetch", "--all"]))?;
-    let fresh = tmp.path().join("fresh");
-    ok(Command::new(&perc)
+    ok(Command::new(perc).arg("--data").arg(data).args(["refetch", "--all"]))?;
+    let fresh = dir.join("fresh");
+    ok(Command::new(perc)
         .arg("--data")
         .arg(&fresh)
         .args(["--set", "crawl.sitemaps=false", "crawl", "--seeds"])
-        .arg(&seeds))?;
-    let (a, b) = (tmp.path().join("soaked.jsonl"), tmp.path().join("fresh.jsonl"));
-    ok(Command::new(&perc).arg("--data").arg(&data).arg("export").arg("--out").arg(&a))?;
-    ok(Command::new(&perc).arg("--data").arg(&fresh).arg("export").arg("--out").arg(&b))?;
-    let diff = Command::new(&perc).arg("diff").arg(&a).arg(&b).output()?;
-    let equal = diff.status.code() == Some(0);
-    drop(site);
+        .arg(seeds))?;
+    let (a, b) = (dir.join("soaked.jsonl"), dir.join("fresh.jsonl"));
+    ok(Command::new(perc).arg("--data").arg(data).arg("export").arg("--out").arg(&a))?;
+    ok(Command::new(perc).arg("--data").arg(&fresh).arg("export").arg("--out").arg(&b))?;
+    Ok(Command::new(perc).arg("diff").arg(&a).arg(&b).output()?)
+}
 
+/// The minute samples, one row each.
+fn print_samples(samples: &[Sample], title: &str) {
     let mut t = Table::new();
     t.add(
         "minute",
         "RSS MiB (allocated, allocator resident) / disk MiB (search) / pages",
         "fetches/s, oldest pending s, pending, recrawl lag s, non-200",
     );
-    for s in &samples {
+    for s in samples {
         t.add(
             format!("{:.0}", s.minute),
             format!(
@@ -124,11 +148,18 @@ pub fn run(minutes: f64, pages: usize, extra: &[String]) -> Result<()> {
             ),
         );
     }
-    t.print(&format!(
-        "perc serve soak: {pages} pages due every {fastest}-{slowest} s, {changed} changing \
-         every 30 s, for {minutes} minutes (samples)"
-    ));
+    t.print(title);
+}
 
+/// The figures the soak is run for: growth over the last half, the oldest notification, the
+/// fetch rate against the `demand` the intervals make, the API's answers, the final export.
+fn print_summary(
+    samples: &[Sample],
+    minutes: f64,
+    demand: (u64, u64),
+    (fastest, slowest): (u64, u64),
+    diff: &std::process::Output,
+) {
     let mut t = Table::new();
     let last_half: Vec<&Sample> = samples.iter().filter(|s| s.minute >= minutes / 2.0).collect();
     let growth = |f: fn(&Sample) -> f64| -> (String, String) {
@@ -179,8 +210,7 @@ pub fn run(minutes: f64, pages: usize, extra: &[String]) -> Result<()> {
         format!("{mean_rate:.0}/s"),
         format!(
             "demand {}-{} fetches/s (every URL due every {fastest}-{slowest} s)",
-            pages as u64 / slowest,
-            pages as u64 / fastest
+            demand.0, demand.1
         ),
     );
     let not_ok: u64 = samples.iter().map(|s| s.not_ok).sum();
@@ -191,11 +221,10 @@ pub fn run(minutes: f64, pages: usize, extra: &[String]) -> Result<()> {
     );
     t.add(
         "export after refetch --all = a fresh crawl of every URL",
-        if equal { "equal" } else { "DIFFERENT" },
+        if diff.status.code() == Some(0) { "equal" } else { "DIFFERENT" },
         String::from_utf8_lossy(&diff.stdout).lines().take(5).collect::<Vec<_>>().join("; "),
     );
     t.print("perc serve soak: steady state and back-pressure");
-    Ok(())
 }
 
 /// How much the least-squares line through `points` (minute, value) rises from the first
