@@ -19,7 +19,7 @@ use perc_store::{Counted, SledStore, Store};
 use perc_synth::{Spec, Web};
 use tokio_util::sync::CancellationToken;
 
-use crate::table::{rate, scaled, Table};
+use crate::table::{in_a_child, rate, scaled, Table};
 
 /// One WARC's figures, as the child prints them (one JSON line).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -239,131 +239,123 @@ pub fn std_docs_warc(out: &Path) -> Result<()> {
 pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
     println!("# perc-bench datapath (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
     let tmp = tempfile::tempdir()?;
-    let mut files = warcs.to_vec();
-    if files.is_empty() {
-        let synth = tmp.path().join("synth.warc.gz");
-        perc_synth::write::warc(&Web::new(Spec::new(scaled(5_000, scale) as usize, 7)), &synth)?;
-        let mut heavy = Spec::new(scaled(1_000, scale) as usize, 9);
-        heavy.links = (300, 400);
-        let linked = tmp.path().join("link-heavy.warc.gz");
-        perc_synth::write::warc(&Web::new(heavy), &linked)?;
-        files = vec![synth, linked];
-        let std_docs = tmp.path().join("std-docs.warc.gz");
-        match std_docs_warc(&std_docs) {
-            Ok(()) => files.push(std_docs),
-            Err(e) => println!("(not measured: the std docs web: {e:#})"),
-        }
-    }
-    let exe = std::env::current_exe()?;
-    let mut all: Vec<Figures> = Vec::new();
+    let files = if warcs.is_empty() { default_webs(scale, tmp.path())? } else { warcs.to_vec() };
     // Each web twice: as configured by default, and with sled's log compressed
     // (`store.zstd_level = 1`), so that the cost and the gain of compression show side by side.
-    let runs = files.iter().flat_map(|f| [(f, None), (f, Some("1"))]);
-    for (f, level) in runs {
-        let mut child = std::process::Command::new(&exe);
-        child.arg("datapath-one").arg(f);
-        if let Some(level) = level {
-            child.env("PERC_STORE_ZSTD_LEVEL", level);
-        }
-        let out = child.output().context("run perc-bench datapath-one")?;
-        if !out.status.success() {
-            bail!("datapath-one {}: {}", f.display(), String::from_utf8_lossy(&out.stderr));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().last().ok_or_else(|| anyhow!("datapath-one printed nothing"))?;
-        all.push(serde_json::from_str(line).context("datapath-one's figures")?);
+    let mut all: Vec<Figures> = Vec::new();
+    for f in &files {
+        let args = ["datapath-one".as_ref(), f.as_os_str()];
+        all.push(in_a_child(&args, &[])?);
+        all.push(in_a_child(&args, &[("PERC_STORE_ZSTD_LEVEL", "1")])?);
     }
     for f in &all {
-        let name = Path::new(&f.warc)
-            .file_name()
-            .map_or(f.warc.clone(), |n| n.to_string_lossy().into_owned());
-        let mut t = Table::new();
-        let mib = |b: u64| b as f64 / (1 << 20) as f64;
-        t.add(
-            "bare loop (read records, parse + blake3 + links, 2 threads)",
-            rate(f.records as u64, f.bare_s),
-            format!(
-                "{} records, {:.1} MiB of bodies, {} links",
-                f.records,
-                mib(f.body_bytes),
-                f.links
-            ),
-        );
-        t.add(
-            "perc replay",
-            rate(f.records as u64, f.replay_s),
-            format!("{} pages indexed in {:.1} s", f.pages, f.replay_s),
-        );
-        t.add(
-            "bare loop + simhash of the text",
-            rate(f.records as u64, f.bare_simhash_s),
-            format!(
-                "the simhash costs {:.0} µs a record, 2 threads",
-                (f.bare_simhash_s - f.bare_s) * 2e6 / f.records.max(1) as f64
-            ),
-        );
-        t.add("replay / bare throughput", format!("{:.2}", f.bare_s / f.replay_s), "goal >= 0.5");
-        let [cam, batches, reads, scans, rows] = f.call_kinds;
-        t.add(
-            "store calls per indexed page",
-            format!("{:.1}", f.calls_per_page),
-            format!(
-                "goal <= 30; {cam:.1} conditional mutations, {batches:.1} batched mutations \
-                 ({rows:.1} rows in batches), {reads:.1} reads, {scans:.1} scans"
-            ),
-        );
-        t.add(
-            "observer transactions per indexed page",
-            format!("{:.1}", f.txns_per_page),
-            format!(
-                "goal <= 6; {}",
-                f.runs.iter().map(|(n, r)| format!("{n} {r:.2}")).collect::<Vec<_>>().join(", ")
-            ),
-        );
-        t.add(
-            "observer runs per indexed page",
-            format!("{:.1}", f.observers.iter().map(|o| o.1).sum::<f64>()),
-            f.observers
-                .iter()
-                .map(|(n, r, idle, us)| format!("{n} {r:.2} ({idle:.2} idle, {us} µs a commit)"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        );
-        t.add(
-            "store on disk after replay + GC / body bytes",
-            format!("{:.2}", f.disk_bytes as f64 / f.body_bytes.max(1) as f64),
-            format!(
-                "goal <= 1.0; {:.1} MiB on disk, {:.1} MiB live ({:.2}x); trees: {}",
-                mib(f.disk_bytes),
-                mib(f.live_bytes),
-                f.live_bytes as f64 / f.body_bytes.max(1) as f64,
-                f.trees
-                    .iter()
-                    .map(|(n, b)| format!("{n} {:.1} MiB", mib(*b)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
-        t.add(
-            "store on disk after perc compact / body bytes",
-            format!("{:.2}", f.compacted_bytes as f64 / f.body_bytes.max(1) as f64),
-            format!(
-                "goal <= 1.0; {:.1} MiB on disk, the files rewritten in {:.1} s",
-                mib(f.compacted_bytes),
-                f.compact_s
-            ),
-        );
-        t.add(
-            "largest column groups (values)",
-            "",
-            f.columns
+        print(f);
+    }
+    Ok(())
+}
+
+/// The webs measured when none is named: two perc-synth webs written into `dir`, and the std
+/// docs when they can be recorded.
+fn default_webs(scale: f64, dir: &Path) -> Result<Vec<PathBuf>> {
+    let synth = dir.join("synth.warc.gz");
+    perc_synth::write::warc(&Web::new(Spec::new(scaled(5_000, scale) as usize, 7)), &synth)?;
+    let mut heavy = Spec::new(scaled(1_000, scale) as usize, 9);
+    heavy.links = (300, 400);
+    let linked = dir.join("link-heavy.warc.gz");
+    perc_synth::write::warc(&Web::new(heavy), &linked)?;
+    let mut files = vec![synth, linked];
+    let std_docs = dir.join("std-docs.warc.gz");
+    match std_docs_warc(&std_docs) {
+        Ok(()) => files.push(std_docs),
+        Err(e) => println!("(not measured: the std docs web: {e:#})"),
+    }
+    Ok(files)
+}
+
+/// One WARC's table.
+fn print(f: &Figures) {
+    let name =
+        Path::new(&f.warc).file_name().map_or(f.warc.clone(), |n| n.to_string_lossy().into_owned());
+    let mut t = Table::new();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    t.add(
+        "bare loop (read records, parse + blake3 + links, 2 threads)",
+        rate(f.records as u64, f.bare_s),
+        format!("{} records, {:.1} MiB of bodies, {} links", f.records, mib(f.body_bytes), f.links),
+    );
+    t.add(
+        "perc replay",
+        rate(f.records as u64, f.replay_s),
+        format!("{} pages indexed in {:.1} s", f.pages, f.replay_s),
+    );
+    t.add(
+        "bare loop + simhash of the text",
+        rate(f.records as u64, f.bare_simhash_s),
+        format!(
+            "the simhash costs {:.0} µs a record, 2 threads",
+            (f.bare_simhash_s - f.bare_s) * 2e6 / f.records.max(1) as f64
+        ),
+    );
+    t.add("replay / bare throughput", format!("{:.2}", f.bare_s / f.replay_s), "goal >= 0.5");
+    let [cam, batches, reads, scans, rows] = f.call_kinds;
+    t.add(
+        "store calls per indexed page",
+        format!("{:.1}", f.calls_per_page),
+        format!(
+            "goal <= 30; {cam:.1} conditional mutations, {batches:.1} batched mutations \
+             ({rows:.1} rows in batches), {reads:.1} reads, {scans:.1} scans"
+        ),
+    );
+    t.add(
+        "observer transactions per indexed page",
+        format!("{:.1}", f.txns_per_page),
+        format!(
+            "goal <= 6; {}",
+            f.runs.iter().map(|(n, r)| format!("{n} {r:.2}")).collect::<Vec<_>>().join(", ")
+        ),
+    );
+    t.add(
+        "observer runs per indexed page",
+        format!("{:.1}", f.observers.iter().map(|o| o.1).sum::<f64>()),
+        f.observers
+            .iter()
+            .map(|(n, r, idle, us)| format!("{n} {r:.2} ({idle:.2} idle, {us} µs a commit)"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    t.add(
+        "store on disk after replay + GC / body bytes",
+        format!("{:.2}", f.disk_bytes as f64 / f.body_bytes.max(1) as f64),
+        format!(
+            "goal <= 1.0; {:.1} MiB on disk, {:.1} MiB live ({:.2}x); trees: {}",
+            mib(f.disk_bytes),
+            mib(f.live_bytes),
+            f.live_bytes as f64 / f.body_bytes.max(1) as f64,
+            f.trees
                 .iter()
                 .map(|(n, b)| format!("{n} {:.1} MiB", mib(*b)))
                 .collect::<Vec<_>>()
-                .join(", "),
-        );
-        t.add("peak RSS", format!("{} MiB", f.rss_kb / 1024), "the child process, both loops");
-        t.print(&format!("the data path on {name}, store.zstd_level = {}", f.zstd_level));
-    }
-    Ok(())
+                .join(", ")
+        ),
+    );
+    t.add(
+        "store on disk after perc compact / body bytes",
+        format!("{:.2}", f.compacted_bytes as f64 / f.body_bytes.max(1) as f64),
+        format!(
+            "goal <= 1.0; {:.1} MiB on disk, the files rewritten in {:.1} s",
+            mib(f.compacted_bytes),
+            f.compact_s
+        ),
+    );
+    t.add(
+        "largest column groups (values)",
+        "",
+        f.columns
+            .iter()
+            .map(|(n, b)| format!("{n} {:.1} MiB", mib(*b)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    t.add("peak RSS", format!("{} MiB", f.rss_kb / 1024), "the child process, both loops");
+    t.print(&format!("the data path on {name}, store.zstd_level = {}", f.zstd_level));
 }

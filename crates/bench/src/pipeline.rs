@@ -145,58 +145,67 @@ pub fn run(scale: f64) -> Result<()> {
             );
         }
 
-        // Crawl: the same site served on 127.0.0.1.
-        let dir = tempfile::tempdir()?;
-        perc_synth::write::site(&web, dir.path())?;
-        let served = perc_synth::site::serve(dir.path()).await?;
-        let base = served.base();
-        let s = setup(Fetching::Live { warc_out: None }).await?;
-        let seeds: Vec<Url> =
-            (0..n).step_by(97).map(|i| base.join(&format!("p/{i}.html")).unwrap()).collect();
-        let scope = CrawlScope {
-            seeds: seeds.iter().map(Url::to_string).collect(),
-            prefixes: vec![],
-            max_depth: 20,
-            max_redirects: 5,
-        };
-        let before = s.store.counts();
-        let start = Instant::now();
-        let (run, report) = s.pipeline.crawl(&seeds, &scope, &CancellationToken::new()).await?;
-        let crawl = start.elapsed().as_secs_f64();
-        let (fetched, indexed) = (run.fetched, report.pages);
+        crawl_row(&mut t, &web, n).await?;
+        t.print("the indexing pipeline on sled");
+        throwaway_replays(scale, &warc).await
+    })
+}
+
+/// The crawl's row: the same site served on 127.0.0.1, seeded with every 97th page.
+async fn crawl_row(t: &mut Table, web: &Web, n: usize) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    perc_synth::write::site(web, dir.path())?;
+    let served = perc_synth::site::serve(dir.path()).await?;
+    let base = served.base();
+    let s = setup(Fetching::Live { warc_out: None }).await?;
+    let seeds: Vec<Url> =
+        (0..n).step_by(97).map(|i| base.join(&format!("p/{i}.html")).unwrap()).collect();
+    let scope = CrawlScope {
+        seeds: seeds.iter().map(Url::to_string).collect(),
+        prefixes: vec![],
+        max_depth: 20,
+        max_redirects: 5,
+    };
+    let before = s.store.counts();
+    let start = Instant::now();
+    let (run, report) = s.pipeline.crawl(&seeds, &scope, &CancellationToken::new()).await?;
+    let crawl = start.elapsed().as_secs_f64();
+    let (fetched, indexed) = (run.fetched, report.pages);
+    t.add(
+        format!("crawl of the site on 127.0.0.1, {fetched} URLs fetched"),
+        rate(fetched, crawl),
+        format!(
+            "{indexed} pages indexed; one request at a time per host; {}",
+            ops_note(before, s.store.counts(), indexed)
+        ),
+    );
+    Ok(())
+}
+
+/// Throwaway replays (`perc replay --expect`): the memory store against sled, on the fixture
+/// WARC, a book-sized WARC and the synth WARC at `synth`.
+async fn throwaway_replays(scale: f64, synth: &std::path::Path) -> Result<()> {
+    let mut t = Table::new();
+    let dir = tempfile::tempdir()?;
+    let book = dir.path().join("book.warc.gz");
+    perc_synth::write::warc(&Web::new(Spec::new(scaled(120, scale).max(10) as usize, 3)), &book)?;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/crawls/wget-demo.warc.gz");
+    for (what, file) in [
+        ("the fixture WARC", fixture),
+        ("a book-sized WARC", book),
+        ("the synth WARC", synth.to_path_buf()),
+    ] {
+        let (memory, sled) = memory_against_sled(&file).await?;
         t.add(
-            format!("crawl of the site on 127.0.0.1, {fetched} URLs fetched"),
-            rate(fetched, crawl),
+            format!("replay of {what}, memory store / sled"),
+            format!("{:.2}", memory.0 / sled.0),
             format!(
-                "{indexed} pages indexed; one request at a time per host; {}",
-                ops_note(before, s.store.counts(), indexed)
+                "{} pages; medians of 3 alternating runs: memory {:.3} s, sled {:.3} s",
+                memory.1, memory.0, sled.0
             ),
         );
-        t.print("the indexing pipeline on sled");
-
-        // Throwaway replays (`perc replay --expect`): the memory store against sled.
-        let mut t = Table::new();
-        let book = warc_dir.path().join("book.warc.gz");
-        perc_synth::write::warc(
-            &Web::new(Spec::new(scaled(120, scale).max(10) as usize, 3)),
-            &book,
-        )?;
-        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../fixtures/crawls/wget-demo.warc.gz");
-        for (what, file) in
-            [("the fixture WARC", fixture), ("a book-sized WARC", book), ("the synth WARC", warc)]
-        {
-            let (memory, sled) = memory_against_sled(&file).await?;
-            t.add(
-                format!("replay of {what}, memory store / sled"),
-                format!("{:.2}", memory.0 / sled.0),
-                format!(
-                    "{} pages; medians of 3 alternating runs: memory {:.3} s, sled {:.3} s",
-                    memory.1, memory.0, sled.0
-                ),
-            );
-        }
-        t.print("throwaway replays: memory and sled");
-        Ok(())
-    })
+    }
+    t.print("throwaway replays: memory and sled");
+    Ok(())
 }

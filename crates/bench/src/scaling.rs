@@ -16,13 +16,13 @@
 
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{Context, Result};
 use perc_crawl::warc::Recorded;
 use perc_notify::Workers;
 use perc_pipeline::Fetching;
 use perc_synth::{Change, Spec, Web};
 
-use crate::table::{rate, scaled, Table};
+use crate::table::{in_a_child, rate, scaled, Table};
 
 const UPDATES: usize = 100;
 /// Updates run, unmeasured, on a store opened anew before its updates are measured.
@@ -285,23 +285,21 @@ async fn updates(
 /// The parent: every size in a child, then the tables.
 pub fn run(scale: f64) -> Result<()> {
     println!("# perc-bench scaling (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
-    let exe = std::env::current_exe()?;
     let mut all: Vec<Figures> = Vec::new();
     for n in [1_000u64, 10_000, 100_000] {
-        let pages = scaled(n, scale) as usize;
-        let out = std::process::Command::new(&exe)
-            .args(["scaling-one", "--pages", &pages.to_string()])
-            .output()
-            .context("run perc-bench scaling-one")?;
-        if !out.status.success() {
-            bail!("scaling-one --pages {pages} failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().last().ok_or_else(|| anyhow!("scaling-one printed nothing"))?;
-        all.push(serde_json::from_str(line).context("scaling-one's figures")?);
+        let pages = scaled(n, scale).to_string();
+        all.push(in_a_child(&["scaling-one".as_ref(), "--pages".as_ref(), pages.as_ref()], &[])?);
     }
     let mut t = Table::new();
-    for f in &all {
+    add_sizes(&mut t, &all);
+    add_ratios(&mut t, &all);
+    t.print("scaling on synthetic webs");
+    Ok(())
+}
+
+/// The rows of each size: the replay, the update latency, and the same after `perc compact`.
+fn add_sizes(t: &mut Table, all: &[Figures]) {
+    for f in all {
         t.add(
             format!("replay, {} pages", f.pages),
             rate(f.pages as u64, f.replay_s),
@@ -322,7 +320,7 @@ pub fn run(scale: f64) -> Result<()> {
             ),
         );
     }
-    for f in &all {
+    for f in all {
         t.add(
             format!("update latency, {} pages", f.pages),
             format!("p50 {:.1} ms", f.p50_ms),
@@ -343,7 +341,7 @@ pub fn run(scale: f64) -> Result<()> {
             ),
         );
     }
-    for f in &all {
+    for f in all {
         t.add(
             format!("update latency after perc compact, {} pages", f.pages),
             format!("p50 {:.1} ms", f.compacted_p50_ms),
@@ -355,6 +353,10 @@ pub fn run(scale: f64) -> Result<()> {
             ),
         );
     }
+}
+
+/// The rows that compare the largest size with the smallest.
+fn add_ratios(t: &mut Table, all: &[Figures]) {
     let (small, big) = (&all[0], &all[all.len() - 1]);
     t.add(
         format!("p50 update latency at {} / at {} pages", big.pages, small.pages),
@@ -402,6 +404,4 @@ pub fn run(scale: f64) -> Result<()> {
             all[1.min(all.len() - 1)].pages
         ),
     );
-    t.print("scaling on synthetic webs");
-    Ok(())
 }

@@ -40,3 +40,25 @@ pub fn rate(n: u64, secs: f64) -> String {
         format!("{r:.0} /s")
     }
 }
+
+/// Runs this binary again with `args` (and `env`) and reads the figures the child prints as
+/// its last line of JSON: each measurement in a process of its own, so that its peak RSS is
+/// its own.
+pub(crate) fn in_a_child<T: serde::de::DeserializeOwned>(
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, &str)],
+) -> anyhow::Result<T> {
+    use anyhow::Context;
+    let name = args.first().map_or("".into(), |a| a.to_string_lossy());
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .with_context(|| format!("run perc-bench {name}"))?;
+    if !out.status.success() {
+        anyhow::bail!("perc-bench {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().with_context(|| format!("{name} printed nothing"))?;
+    serde_json::from_str(line).with_context(|| format!("{name}'s figures"))
+}

@@ -206,57 +206,69 @@ pub(crate) async fn through_server(
                 .context("perc serve's search hits")?;
             return print_hits(&q, hits);
         }
-        Command::Refetch { urls, all } => {
-            let body = if all {
-                serde_json::json!({ "all": true })
-            } else {
-                if urls.is_empty() {
-                    bail!("refetch needs URLs, or --all");
-                }
-                let urls: Vec<String> =
-                    urls.iter().map(|u| parse_url(u).map(String::from)).collect::<Result<_>>()?;
-                serde_json::json!({ "urls": urls })
-            };
-            let v = json(served.post("/v1/refetch", &body).await?)?;
-            let unknown = v["unknown"].as_array().cloned().unwrap_or_default();
-            for u in &unknown {
-                say!(
-                    "warning: {} is not known to this index; not fetched",
-                    u.as_str().unwrap_or("")
-                );
-            }
-            out!(
-                "perc serve at {} fetches {} pages again (it indexes them as they come)",
-                served.base(),
-                v["refetching"]
-            );
-            return Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) });
-        }
+        Command::Refetch { urls, all } => return refetch(served, &urls, all).await,
         Command::Crawl { seeds, prefixes, warc_out, .. } => {
-            if warc_out.is_some() {
-                bail!(
-                    "--warc-out: perc serve at {} holds this store and records nothing; stop it \
-                     to crawl with --warc-out",
-                    served.base()
-                );
-            }
-            let seeds = read_seeds(&seeds, config.crawl.seeds_max)?;
-            let seeds: Vec<&str> = seeds.iter().map(Url::as_str).collect();
-            let body = serde_json::json!({ "seeds": seeds, "prefixes": prefixes });
-            let v = json(served.post("/v1/seeds", &body).await?)?;
-            for u in v["outside_scope"].as_array().into_iter().flatten() {
-                say!(
-                    "warning: the seed {} is outside the prefixes: fetched, its links not followed",
-                    u.as_str().unwrap_or("")
-                );
-            }
-            out!(
-                "perc serve at {} crawls {} seeds (perc status shows how far it is)",
-                served.base(),
-                v["seeds"]
-            );
+            seed(served, config, &seeds, &prefixes, warc_out.as_deref()).await?
         }
         _ => unreachable!("only the commands that ask the index go through a server"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `perc refetch` through the server: the URLs (or all) fetched again; 1 if some is unknown.
+async fn refetch(served: &Served, urls: &[String], all: bool) -> Result<ExitCode> {
+    let body = if all {
+        serde_json::json!({ "all": true })
+    } else {
+        if urls.is_empty() {
+            bail!("refetch needs URLs, or --all");
+        }
+        let urls: Vec<String> =
+            urls.iter().map(|u| parse_url(u).map(String::from)).collect::<Result<_>>()?;
+        serde_json::json!({ "urls": urls })
+    };
+    let v = json(served.post("/v1/refetch", &body).await?)?;
+    let unknown = v["unknown"].as_array().cloned().unwrap_or_default();
+    for u in &unknown {
+        say!("warning: {} is not known to this index; not fetched", u.as_str().unwrap_or(""));
+    }
+    out!(
+        "perc serve at {} fetches {} pages again (it indexes them as they come)",
+        served.base(),
+        v["refetching"]
+    );
+    Ok(if unknown.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `perc crawl` through the server: the seeds added to its crawl.
+async fn seed(
+    served: &Served,
+    config: &config::Config,
+    seeds: &Path,
+    prefixes: &[String],
+    warc_out: Option<&Path>,
+) -> Result<()> {
+    if warc_out.is_some() {
+        bail!(
+            "--warc-out: perc serve at {} holds this store and records nothing; stop it \
+             to crawl with --warc-out",
+            served.base()
+        );
+    }
+    let seeds = read_seeds(seeds, config.crawl.seeds_max)?;
+    let seeds: Vec<&str> = seeds.iter().map(Url::as_str).collect();
+    let body = serde_json::json!({ "seeds": seeds, "prefixes": prefixes });
+    let v = json(served.post("/v1/seeds", &body).await?)?;
+    for u in v["outside_scope"].as_array().into_iter().flatten() {
+        say!(
+            "warning: the seed {} is outside the prefixes: fetched, its links not followed",
+            u.as_str().unwrap_or("")
+        );
+    }
+    out!(
+        "perc serve at {} crawls {} seeds (perc status shows how far it is)",
+        served.base(),
+        v["seeds"]
+    );
+    Ok(())
 }

@@ -148,16 +148,7 @@ impl Builder {
         };
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         if config.store.backend == Backend::Sled {
-            // The embedded store admits one process: every worker registered in it belongs to
-            // a process that ended (killed, most likely), and its locks may go at once.
-            let gone =
-                perc_txn::Liveness::new(store.clone(), clock.clone(), 0).forget_all().await?;
-            if gone > 0 {
-                tracing::info!(
-                    workers = gone,
-                    "cleared the liveness of workers of an ended process"
-                );
-            }
+            forget_ended_processes(&store, &clock).await?;
         }
         let (source, polite) = match self.source {
             Some(s) => (s, None),
@@ -190,16 +181,7 @@ impl Builder {
             c.set_kind(perc_txn::ProcessKind::new(self.kind));
         }
         client.heartbeat().await?;
-        // A store an earlier perc wrote is brought to this one's layout before any run.
-        let upgraded = perc_observers::upgrade(&client).await?;
-        if upgraded.moved > 0 {
-            tracing::info!(
-                from = upgraded.from,
-                to = perc_observers::LAYOUT,
-                urls = upgraded.moved,
-                "upgraded the store's layout"
-            );
-        }
+        upgrade(&client).await?;
         // Many processes share a Bigtable table: they lease notifications in the store.
         let lease: Arc<dyn RowLease> = match config.store.backend {
             Backend::Sled | Backend::Memory => Arc::new(perc_notify::LocalLease::default()),
@@ -228,6 +210,30 @@ impl Builder {
             pace: Default::default(),
         })
     }
+}
+
+/// The embedded store admits one process: every worker registered in it belongs to a process
+/// that ended (killed, most likely), and its locks may go at once.
+async fn forget_ended_processes(store: &Arc<dyn Store>, clock: &Arc<dyn Clock>) -> Result<()> {
+    let gone = perc_txn::Liveness::new(store.clone(), clock.clone(), 0).forget_all().await?;
+    if gone > 0 {
+        tracing::info!(workers = gone, "cleared the liveness of workers of an ended process");
+    }
+    Ok(())
+}
+
+/// A store an earlier perc wrote is brought to this one's layout before any run.
+async fn upgrade(client: &perc_txn::Client) -> Result<()> {
+    let upgraded = perc_observers::upgrade(client).await?;
+    if upgraded.moved > 0 {
+        tracing::info!(
+            from = upgraded.from,
+            to = perc_observers::LAYOUT,
+            urls = upgraded.moved,
+            "upgraded the store's layout"
+        );
+    }
+    Ok(())
 }
 
 /// The fetching source: the crawler (politeness, robots.txt, a page budget, a recording), or

@@ -174,14 +174,7 @@ pub async fn run(
     // runtime is shut down, not dropped, on the way out: this is an async context.)
     let (api, indexing, address_file) = runtimes(config, data, addr)?;
     ready(addr);
-    let indexer = match &search {
-        Some(index) => {
-            let (app, index, stop) = (app.clone(), index.clone(), stop.clone());
-            let rt = indexing.handle().clone();
-            Some(indexing.spawn_blocking(move || index_loop(&app, &index, &stop, &rt)))
-        }
-        None => None,
-    };
+    let indexed = spawn_indexer(&app, search.as_ref(), &stop, &indexing);
     let state = Arc::new(Served {
         app: app.clone(),
         search,
@@ -207,11 +200,6 @@ pub async fn run(
     ));
     let server =
         async move { serving.await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))) };
-    let indexed = async {
-        if let Some(indexer) = indexer {
-            let _ = indexer.await;
-        }
-    };
     let working = {
         let (app, stop) = (app.clone(), stop.clone());
         indexing.spawn(async move { app.work(&stop).await })
@@ -247,6 +235,26 @@ pub async fn run(
     }
     worked?;
     served.map_err(io("the HTTP server failed"))
+}
+
+/// The search indexer on the indexing runtime's blocking threads, when search is on: the
+/// future ends when the indexer does.
+fn spawn_indexer(
+    app: &Arc<Pipeline>,
+    search: Option<&Arc<SearchIndex>>,
+    stop: &CancellationToken,
+    indexing: &tokio::runtime::Runtime,
+) -> impl std::future::Future<Output = ()> {
+    let indexer = search.map(|index| {
+        let (app, index, stop) = (app.clone(), index.clone(), stop.clone());
+        let rt = indexing.handle().clone();
+        indexing.spawn_blocking(move || index_loop(&app, &index, &stop, &rt))
+    });
+    async move {
+        if let Some(indexer) = indexer {
+            let _ = indexer.await;
+        }
+    }
 }
 
 /// The search index beside the store, unless `search.enabled` is off.

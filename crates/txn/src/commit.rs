@@ -82,13 +82,7 @@ impl Transaction {
             read_only(&client, weak, after_commit).await?;
             return Ok(Outcome::Committed(None));
         }
-        // A worker whose heartbeat lapsed may have been declared dead: its locks may be gone
-        // and garbage collection may have passed its snapshot. Refuse; a retry starts fresh.
-        let last_beat = client.inner.last_heartbeat_ms.load(Ordering::Relaxed);
-        if client.clock().now_ms().saturating_sub(last_beat) > client.config().liveness_ttl_ms {
-            client.heartbeat().await?;
-            return Err(TxnError::RolledBack { start_ts });
-        }
+        refuse_if_lapsed(&client, start_ts).await?;
         // Strong notifications: every written column that has an observer.
         let mut notify = weak;
         for (row, column) in writes.keys() {
@@ -184,6 +178,17 @@ struct Rows {
     primary_cells: Vec<CellWrite>,
     checked: Vec<(Bytes, Vec<CellWrite>)>,
     blind: Vec<(Bytes, Vec<CellWrite>)>,
+}
+
+/// A worker whose heartbeat lapsed may have been declared dead: its locks may be gone and
+/// garbage collection may have passed its snapshot. Refuse to commit; a retry starts fresh.
+async fn refuse_if_lapsed(client: &Client, start_ts: Ts) -> Result<(), TxnError> {
+    let last_beat = client.inner.last_heartbeat_ms.load(Ordering::Relaxed);
+    if client.clock().now_ms().saturating_sub(last_beat) > client.config().liveness_ttl_ms {
+        client.heartbeat().await?;
+        return Err(TxnError::RolledBack { start_ts });
+    }
+    Ok(())
 }
 
 impl Rows {

@@ -166,6 +166,22 @@ struct Counters {
     run_seconds: std::sync::OnceLock<metrics::Histogram>,
 }
 
+impl Counters {
+    /// A run of the observer `name` committed after `took`.
+    fn committed(&self, name: &str, took: std::time::Duration) {
+        let us = took.as_micros() as u64;
+        self.run_seconds
+            .get_or_init(|| {
+                let name = name.to_owned();
+                metrics::histogram!("perc_observer_run_seconds", "observer" => name)
+            })
+            .record(took.as_secs_f64());
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.latency_us_total.fetch_add(us, Ordering::Relaxed);
+        self.latency_us_max.fetch_max(us, Ordering::Relaxed);
+    }
+}
+
 /// One observer's counters, as `perc status` shows them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ObserverStats {

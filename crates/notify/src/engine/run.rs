@@ -66,20 +66,7 @@ impl Engine {
                 Ok(done) => {
                     let ran = done != Attempt::Unchanged;
                     match done {
-                        Attempt::Committed => {
-                            let took = started.elapsed();
-                            let us = took.as_micros() as u64;
-                            counters
-                                .run_seconds
-                                .get_or_init(|| {
-                                    let name = reg.name.clone();
-                                    metrics::histogram!("perc_observer_run_seconds", "observer" => name)
-                                })
-                                .record(took.as_secs_f64());
-                            counters.commits.fetch_add(1, Ordering::Relaxed);
-                            counters.latency_us_total.fetch_add(us, Ordering::Relaxed);
-                            counters.latency_us_max.fetch_max(us, Ordering::Relaxed);
-                        }
+                        Attempt::Committed => counters.committed(&reg.name, started.elapsed()),
                         Attempt::Idle => {
                             counters.idle.fetch_add(1, Ordering::Relaxed);
                         }
