@@ -14,9 +14,10 @@
 //!   (`page:hash`), invert (`page:links`) and alias (`page:redirect`); each has its contract
 //!   in its module, and each does nothing when its input did not change.
 //! - Queues: a page for the search index ([`crate::search`]): its body is the record's.
-//! - Notifies: discover (`page:follow`); weakly, the page's own indegree when its redirect changed or it started or stopped being a page or a
-//!   redirect (indegree branches on both; alias only notifies the targets), its cluster when
-//!   its declared canonical changed; and what the three stages notify.
+//! - Notifies: discover (`page:follow`); weakly, the page's own indegree when its redirect
+//!   changed or it started or stopped being a page or a redirect (indegree branches on both;
+//!   alias only notifies the targets), its cluster when its declared canonical changed; and
+//!   what the three stages notify.
 //! - Twice is harmless: the same raw record gives the same values, and unchanged values are
 //!   not written, so nothing downstream runs (the page is queued for the search index again,
 //!   whose indexer reads the same document).
