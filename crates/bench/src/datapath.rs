@@ -244,7 +244,7 @@ pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
     // (`store.zstd_level = 1`), so that the cost and the gain of compression show side by side.
     let mut all: Vec<Figures> = Vec::new();
     for f in &files {
-        let args = ["datapath-one".as_ref(), f.as_os_str()];
+        let args = [std::ffi::OsStr::new("datapath-one"), f.as_os_str()];
         all.push(in_a_child(&args, &[])?);
         all.push(in_a_child(&args, &[("PERC_STORE_ZSTD_LEVEL", "1")])?);
     }

@@ -288,7 +288,7 @@ pub fn run(scale: f64) -> Result<()> {
     let mut all: Vec<Figures> = Vec::new();
     for n in [1_000u64, 10_000, 100_000] {
         let pages = scaled(n, scale).to_string();
-        all.push(in_a_child(&["scaling-one".as_ref(), "--pages".as_ref(), pages.as_ref()], &[])?);
+        all.push(in_a_child(&["scaling-one", "--pages", &pages], &[])?);
     }
     let mut t = Table::new();
     add_sizes(&mut t, &all);

@@ -45,13 +45,14 @@ pub fn rate(n: u64, secs: f64) -> String {
 /// its last line of JSON: each measurement in a process of its own, so that its peak RSS is
 /// its own.
 pub(crate) fn in_a_child<T: serde::de::DeserializeOwned>(
-    args: &[&std::ffi::OsStr],
+    args: &[impl AsRef<std::ffi::OsStr>],
     env: &[(&str, &str)],
 ) -> anyhow::Result<T> {
     use anyhow::Context;
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(AsRef::as_ref).collect();
     let name = args.first().map_or("".into(), |a| a.to_string_lossy());
     let out = std::process::Command::new(std::env::current_exe()?)
-        .args(args)
+        .args(&args)
         .envs(env.iter().copied())
         .output()
         .with_context(|| format!("run perc-bench {name}"))?;
