@@ -1,6 +1,6 @@
 //! Assembling a [`Pipeline`]: the configured store (sled, Bigtable or memory), the timestamp
-//! oracle, the fetching source, the two transaction clients (the loaders' flushing one and
-//! the observers' relaxed one), the observer registry and the notification engine. The CLI
+//! oracle, the fetching source, the two transaction clients (the loaders' and queries' one and
+//! the observers' one), the observer registry and the notification engine. The CLI
 //! calls [`Pipeline::open`]; benchmarks and tests use [`Builder`] to put in a store, an oracle,
 //! a source or a clock of their own.
 
@@ -167,11 +167,11 @@ impl Builder {
             liveness_ttl_ms: config.txn.liveness_ttl_ms,
             ..TxnConfig::default()
         };
-        // Observer runs are acknowledged to nobody: they need not flush at their commit point
-        // (see TxnConfig::sync_commits); the loaders' commits do, and `close` syncs the rest.
-        let relaxed = TxnConfig { sync_commits: false, ..txn.clone() };
+        // The observers' runs flush at their commit point as the loaders' commits do (see
+        // the commit in perc-txn): a run's notification is cleared after its commit, and sled
+        // may recover a later write without an earlier one it did not flush.
         let engine_client =
-            client_for(store.clone(), oracle.clone(), clock.clone(), relaxed, registry.clone())
+            client_for(store.clone(), oracle.clone(), clock.clone(), txn.clone(), registry.clone())
                 .await?;
         let client =
             client_for(store.clone(), oracle, clock.clone(), txn, registry.clone()).await?;

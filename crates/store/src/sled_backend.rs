@@ -19,9 +19,12 @@
 //! the blobs it replaced) leaves an unreferenced blob, which wastes space but is never read,
 //! until a compaction (`sled_compact`) leaves it behind.
 //!
-//! Durability: sled writes to an in-memory log buffer; [`Store::sync`] flushes it. sled
-//! recovers a prefix of its log, so one flush makes every earlier write durable, and
-//! concurrent `sync` calls share one flush (group commit).
+//! Durability: sled writes to in-memory log buffers; [`Store::sync`] flushes them, making every
+//! earlier write durable, and concurrent `sync` calls share one flush (group commit). What was
+//! not flushed is not recovered in order: sled's buffers are written by several threads, and
+//! after a crash a later write may survive an earlier one. A write that must not outlive
+//! another (a commit record and its primary's, a notification's clear and the run it
+//! answered) is made after a flush.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;

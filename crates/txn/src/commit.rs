@@ -1,9 +1,9 @@
 //! The commit (the paper's Figure 6): prewrite every cell (one conditional mutation per row,
 //! the primary's row first; rows of unchecked cells all in one batched call), draw commit_ts,
 //! read the probes of the conditional notifications (one batched read), set the notify cells
-//! at commit_ts, commit the primary durably (the commit point), then the secondaries in one
-//! batch. Crash points for fault tests stop it part-way, as a dead process would (the
-//! `failpoints` feature).
+//! at commit_ts, commit the primary and flush the store (the commit point), then the
+//! secondaries in one batch. Crash points for fault tests stop it part-way, as a dead process
+//! would (the `failpoints` feature).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -131,7 +131,7 @@ impl Transaction {
         // leaves a notification whose worker finds no change (harmless), never a change with
         // no notification. A worker that finds the notification at commit_ts and starts after
         // it either sees this commit or waits on its locks until it is decided.
-        set_notifications(store, notify, commit_ts).await?;
+        let older_notifications = set_notifications(store, notify, commit_ts).await?;
         if crash == Some(CommitStep::BeforeCommitPrimary) {
             unfinished.disarm();
             return Ok(Outcome::Crashed(Crashed::BeforeCommitPoint));
@@ -149,10 +149,12 @@ impl Transaction {
         )
         .await?;
         unfinished.disarm();
-        // The commit point: acknowledged only once durable.
-        if client.config().sync_commits {
-            store.sync().await?;
-        }
+        // The commit point: durable before anything that follows it is written. sled may
+        // recover a later write without an earlier one it did not flush (its log buffers are
+        // written by several threads), so without this flush a crash could keep the
+        // secondaries' commits, or the clear of the notification this run answered, and lose
+        // the primary's.
+        store.sync().await?;
         if crash == Some(CommitStep::AfterCommitPrimary) {
             return Ok(Outcome::Crashed(Crashed::AfterCommitPoint(commit_ts)));
         }
@@ -164,6 +166,7 @@ impl Transaction {
                 .await?;
             return Ok(Outcome::Crashed(Crashed::AfterCommitPoint(commit_ts)));
         }
+        let after_commit = [older_notifications, after_commit].concat();
         actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, after_commit).await?;
         Ok(Outcome::Committed(Some(commit_ts)))
     }
@@ -220,12 +223,16 @@ impl Rows {
 async fn read_only(
     client: &Client,
     notify: BTreeSet<(Bytes, Bytes)>,
-    after_commit: Vec<perc_store::RowMutation>,
+    mut after_commit: Vec<perc_store::RowMutation>,
 ) -> Result<(), TxnError> {
     let store = client.store().as_ref();
     if !notify.is_empty() {
         let ts = client.oracle().next().await?;
-        set_notifications(store, notify, ts).await?;
+        let older = set_notifications(store, notify, ts).await?;
+        // Durable before the older cells go, and before the run that asked for them clears
+        // its own notification.
+        store.sync().await?;
+        after_commit.splice(0..0, older);
     }
     if !after_commit.is_empty() {
         store.mutate_rows(&after_commit).await?;
@@ -357,38 +364,31 @@ async fn probes_written(
         .collect())
 }
 
-/// Sets the notify cells of `cells` at `ts`, removing older ones (one batched call).
+/// Sets the notify cells of `cells` at `ts` (one batched call), and returns the deletes of
+/// the older cells of the same notifications, to be made once these are durable: one cell per
+/// pending notification, not one per write (a page many pages link to would otherwise hold a
+/// notify cell per inlink until its run, and every scanner round would read them all; only
+/// the newest matters, as a run clears the cells at or below the one it saw). Made before the
+/// new cell is flushed, a delete could outlive it in a crash and take the notification with it.
 async fn set_notifications(
     store: &dyn Store,
     cells: BTreeSet<(Bytes, Bytes)>,
     ts: Ts,
-) -> Result<(), TxnError> {
+) -> Result<Vec<perc_store::RowMutation>, TxnError> {
     if cells.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    let batch: Vec<perc_store::RowMutation> = cells
-        .into_iter()
-        .map(|(row, column)| perc_store::RowMutation {
-            row,
-            mutations: vec![
-                // One cell per pending notification, not one per write: a page many pages
-                // link to would otherwise hold a notify cell per inlink until its run, and
-                // every scanner round would read them all. Only the newest cell matters (a
-                // run clears the cells at or below the one it saw).
-                perc_store::Mutation::Delete {
-                    column: actions::notify_col(&column),
-                    range: TsRange::up_to(Ts(ts.0.saturating_sub(1))),
-                },
-                perc_store::Mutation::Put {
-                    column: actions::notify_col(&column),
-                    ts,
-                    value: Bytes::new(),
-                },
-            ],
-        })
-        .collect();
-    store.mutate_rows(&batch).await?;
-    Ok(())
+    let (mut set, mut older) = (Vec::new(), Vec::new());
+    for (row, column) in cells {
+        let column = actions::notify_col(&column);
+        let put = perc_store::Mutation::Put { column: column.clone(), ts, value: Bytes::new() };
+        set.push(perc_store::RowMutation { row: row.clone(), mutations: vec![put] });
+        let range = TsRange::up_to(Ts(ts.0.saturating_sub(1)));
+        let delete = perc_store::Mutation::Delete { column, range };
+        older.push(perc_store::RowMutation { row, mutations: vec![delete] });
+    }
+    store.mutate_rows(&set).await?;
+    Ok(older)
 }
 
 enum Outcome {

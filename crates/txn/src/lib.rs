@@ -79,10 +79,6 @@ pub struct TxnConfig {
     pub lock_wait_max_ms: u64,
     /// Seed for backoff jitter, so runs are reproducible.
     pub seed: u64,
-    /// Flush the store at each commit point before acknowledging the commit. Turn it off only
-    /// for commits nobody waits on (observer runs): the store recovers a prefix of its log, so
-    /// a lost commit loses everything written after it too, and its notification runs again.
-    pub sync_commits: bool,
     /// The most `lock` and `write` records of a range that one store call of a scan reads
     /// ([`transaction::SCAN_PIECE_CELLS`]; tests make it small to cut scans into pieces).
     pub scan_piece_cells: usize,
@@ -97,7 +93,6 @@ impl Default for TxnConfig {
             backoff_max_ms: 100,
             lock_wait_max_ms: 30_000,
             seed: 0x5eed,
-            sync_commits: true,
             scan_piece_cells: transaction::SCAN_PIECE_CELLS,
         }
     }

@@ -58,7 +58,6 @@ fn config() -> TxnConfig {
         backoff_max_ms: 200,
         lock_wait_max_ms: 1_000,
         seed: 1,
-        sync_commits: true,
         ..TxnConfig::default()
     }
 }

@@ -63,11 +63,13 @@ impl Engine {
             ts: Ts::ZERO,
             value: Bytes::from(detail),
         };
-        // The failure record first: a crash in between leaves the notification pending
-        // (run again), never a notification gone with no record of why.
+        // The failure record first, flushed: a crash in between leaves the notification
+        // pending (run again), never a notification gone with no record of why (unflushed,
+        // the delete could survive a crash that the record does not).
         self.store()
             .mutate_rows(&[RowMutation { row: p.row.clone(), mutations: vec![record] }])
             .await?;
+        self.store().sync().await?;
         self.store().mutate_rows(&[notify_delete(p)]).await?;
         self.failures_lock().remove(&key);
         self.parked.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
@@ -129,6 +131,8 @@ impl Engine {
             mutations: vec![Mutation::Put { column: moved, ts: Ts::ZERO, value: Bytes::new() }],
         });
         self.store().mutate_rows(&copies).await?;
+        // The copies durable before the old records go.
+        self.store().sync().await?;
         if !old.is_empty() {
             tracing::info!(
                 records = old.len(),
