@@ -132,6 +132,7 @@ impl SledStore {
     pub fn open(path: impl AsRef<Path>, schema: Schema, options: &SledOptions) -> Result<Self> {
         let path = path.as_ref();
         crate::sled_compact::recover(path)?;
+        crate::sled_open::forget_unfinished_creation(path)?;
         let db = open_db(path, &sled_config(path, &stored_conf(path), options))?;
         let rows = db.open_tree(ROWS).map_err(io)?;
         let blobs = db.open_tree(BLOBS).map_err(io)?;
@@ -614,6 +615,32 @@ mod tests {
         assert!(!compressed(&stored_conf(old.path()), 1), "an uncompressed store stays so");
         let store = SledStore::open(old.path(), schema(), &SledOptions::default()).unwrap();
         assert_eq!(store.rows.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_store_whose_making_a_kill_cut_short_is_made_again() {
+        let schema = || Schema::new([FamilySpec { name: "f", locality: Locality::Row }]);
+        let made = tempfile::tempdir().unwrap();
+        drop(SledStore::open(made.path(), schema(), &SledOptions::default()).unwrap());
+        // What a kill in sled's first milliseconds leaves: its conf, and no log yet.
+        let cut = tempfile::tempdir().unwrap();
+        std::fs::copy(made.path().join("conf"), cut.path().join("conf")).unwrap();
+        std::fs::create_dir(cut.path().join("blobs")).unwrap();
+        assert!(sled::Config::new().path(cut.path()).open().is_err(), "sled refuses it");
+        let col = Column::new("f", "q");
+        {
+            let store = SledStore::open(cut.path(), schema(), &SledOptions::default()).unwrap();
+            let put = Mutation::Put { column: col.clone(), ts: Ts(1), value: Bytes::from("v") };
+            store
+                .mutate_rows(&[RowMutation { row: "r".into(), mutations: vec![put] }])
+                .await
+                .unwrap();
+            store.sync().await.unwrap();
+        }
+        let store = SledStore::open(cut.path(), schema(), &SledOptions::default()).unwrap();
+        let got =
+            store.read_row(b"r", &[ColumnRead::newest(col, crate::TsRange::ALL)]).await.unwrap();
+        assert_eq!(got[0][0].value, Bytes::from("v"), "made again, and kept what it was given");
     }
 
     #[tokio::test]

@@ -68,6 +68,20 @@ pub(crate) fn sled_config(path: &Path, made: &str, options: &SledOptions) -> sle
         .compression_factor(options.zstd_level.clamp(1, 22))
 }
 
+/// Forgets the start of a store whose making a kill cut short. sled writes its `conf` first
+/// and its log (`db`) after: with no log, nothing was ever stored, and sled would refuse to
+/// open the directory ("corrupted data") until someone removed the `conf` by hand.
+pub(crate) fn forget_unfinished_creation(path: &Path) -> Result<()> {
+    let conf = path.join("conf");
+    if !conf.exists() || path.join("db").exists() {
+        return Ok(());
+    }
+    std::fs::remove_file(&conf).map_err(|e| StoreError::Io {
+        backend: "sled",
+        detail: format!("cannot remove {} to make the store again: {e}", conf.display()),
+    })
+}
+
 /// Opens sled's database at `path`, waiting briefly for a lock that a store just dropped in
 /// this process is letting go of.
 pub(crate) fn open_db(path: &Path, config: &sled::Config) -> Result<sled::Db> {
