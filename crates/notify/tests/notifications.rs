@@ -386,16 +386,18 @@ fn settled_notifications_are_cleared_together() {
         }
         let config = NotifyConfig { concurrency: 4, idle_ms: 5, ..NotifyConfig::default() };
         let engine = Arc::new(env.engine(config).await);
-        let before = counted.counts();
+        let (before, rounds_before) = (counted.counts(), counted.scans_of("notify"));
         let workers = Workers::start(engine.clone(), &tokio::runtime::Handle::current());
         workers.wait().await.unwrap();
-        let after = counted.counts();
+        let (after, rounds) = (counted.counts(), counted.scans_of("notify") - rounds_before);
         assert_eq!(engine.stats()[0].idle, ROWS as u64);
         assert_eq!(env.notify_cells().await, 0);
+        // How the runs fall into the scanners' rounds depends on the machine's load: at most
+        // one call of clears a round (before it reads the notify family), and one at the end.
+        let calls = after.mutate_rows - before.mutate_rows;
         assert!(
-            after.mutate_rows - before.mutate_rows < ROWS as u64 / 2,
-            "{} batched calls for {ROWS} idle runs",
-            after.mutate_rows - before.mutate_rows
+            calls <= rounds + 1,
+            "{calls} batched calls for {ROWS} idle runs in {rounds} rounds"
         );
         workers.shutdown().await;
     });

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use perc_store::{Call, Hook, Hooked, Mutation, Store};
-use perc_txn::TxnConfig;
+use perc_txn::{Client, TxnConfig};
 
 /// Records the store's calls, each as a short name: `cam <row>`, `put` (a batch of puts),
 /// `delete` (a batch with a delete), `sync`.
@@ -40,14 +40,27 @@ impl Calls {
     }
 }
 
-#[test]
-fn a_commit_flushes_between_its_commit_point_and_its_secondaries() {
+type Recorded = Arc<Hooked<Arc<dyn Store>, Calls>>;
+
+/// Runs `body` with a client on an in-memory store whose calls are recorded.
+fn recorded<F, Fut>(body: F)
+where
+    F: FnOnce(Recorded, Client) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let (store, oracle, clock) = common::mem_parts().await;
         let hooked = Arc::new(Hooked::new(store, Calls::default()));
         let as_store: Arc<dyn Store> = hooked.clone();
         let client = common::client(&as_store, &oracle, &clock, TxnConfig::default()).await;
+        body(hooked, client).await;
+    });
+}
+
+#[test]
+fn a_commit_flushes_between_its_commit_point_and_its_secondaries() {
+    recorded(|hooked, client| async move {
         // A notification set earlier, which this commit's replaces.
         let mut t = client.begin().await.unwrap();
         t.notify("n", "dirty");
@@ -74,12 +87,7 @@ fn a_commit_flushes_between_its_commit_point_and_its_secondaries() {
 
 #[test]
 fn notifications_of_a_transaction_that_writes_nothing_else_are_flushed() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let (store, oracle, clock) = common::mem_parts().await;
-        let hooked = Arc::new(Hooked::new(store, Calls::default()));
-        let as_store: Arc<dyn Store> = hooked.clone();
-        let client = common::client(&as_store, &oracle, &clock, TxnConfig::default()).await;
+    recorded(|hooked, client| async move {
         let mut t = client.begin().await.unwrap();
         t.notify("a", "dirty");
         hooked.hook().take();
