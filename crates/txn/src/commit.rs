@@ -223,17 +223,18 @@ impl Rows {
 async fn read_only(
     client: &Client,
     notify: BTreeSet<(Bytes, Bytes)>,
-    mut after_commit: Vec<perc_store::RowMutation>,
+    after_commit: Vec<perc_store::RowMutation>,
 ) -> Result<(), TxnError> {
     let store = client.store().as_ref();
+    let mut older_notifications = Vec::new();
     if !notify.is_empty() {
         let ts = client.oracle().next().await?;
-        let older = set_notifications(store, notify, ts).await?;
+        older_notifications = set_notifications(store, notify, ts).await?;
         // Durable before the older cells go, and before the run that asked for them clears
         // its own notification.
         store.sync().await?;
-        after_commit.splice(0..0, older);
     }
+    let after_commit = [older_notifications, after_commit].concat();
     if !after_commit.is_empty() {
         store.mutate_rows(&after_commit).await?;
     }
@@ -379,11 +380,11 @@ async fn set_notifications(
         return Ok(Vec::new());
     }
     let (mut set, mut older) = (Vec::new(), Vec::new());
+    let range = TsRange::up_to(Ts(ts.0.saturating_sub(1)));
     for (row, column) in cells {
         let column = actions::notify_col(&column);
         let put = perc_store::Mutation::Put { column: column.clone(), ts, value: Bytes::new() };
         set.push(perc_store::RowMutation { row: row.clone(), mutations: vec![put] });
-        let range = TsRange::up_to(Ts(ts.0.saturating_sub(1)));
         let delete = perc_store::Mutation::Delete { column, range };
         older.push(perc_store::RowMutation { row, mutations: vec![delete] });
     }
