@@ -281,6 +281,7 @@ pub fn sled_options(store: &crate::config::Store) -> SledOptions {
         cache_bytes: store.cache_bytes,
         flush_every_ms: 500,
         zstd_level: i32::try_from(store.zstd_level).unwrap_or(0),
+        ..SledOptions::default()
     }
 }
 

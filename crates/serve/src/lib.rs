@@ -321,21 +321,24 @@ fn runtime(
     if let Some(n) = threads {
         b.worker_threads(n);
     }
-    b.on_thread_start(move || lower_priority(nice));
+    // The priority the steps count from is the process's, read here once: a thread a lowered
+    // thread starts (a blocking task's) starts at its parent's priority, and must not go
+    // `nice` steps lower again.
+    let base = rustix::process::getpriority_process(None).unwrap_or(0);
+    b.on_thread_start(move || lower_priority(base, nice));
     b.thread_name(name).enable_all().build().map_err(io(format!("cannot start {name}'s threads")))
 }
 
-/// Lowers the calling thread's priority by `nice` steps from the process's (Linux keeps a
-/// nice value for each thread; raising it needs no privilege). Where it cannot, the thread
+/// Sets the calling thread's priority `nice` steps below `base`, the process's (Linux keeps a
+/// nice value for each thread; lowering it needs no privilege). Where it cannot, the thread
 /// keeps its priority: the index is then only slower to yield to the API, so this is
 /// logged and not an error.
-fn lower_priority(nice: i32) {
+fn lower_priority(base: i32, nice: i32) {
     if nice == 0 {
         return;
     }
     let me = Some(rustix::thread::gettid());
-    let lowered = rustix::process::getpriority_process(me)
-        .and_then(|now| rustix::process::setpriority_process(me, (now + nice).min(19)));
+    let lowered = rustix::process::setpriority_process(me, (base + nice).min(19));
     if let Err(e) = lowered {
         tracing::debug!(error = %e, nice, "cannot lower an indexing thread's priority");
     }

@@ -133,4 +133,8 @@ impl<S: Store> Store for Coalesced<S> {
     async fn sync(&self) -> Result<()> {
         self.inner.sync().await
     }
+
+    async fn maintain(&self) -> Result<()> {
+        self.inner.maintain().await
+    }
 }

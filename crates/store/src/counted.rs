@@ -138,4 +138,7 @@ impl<S: Store> Store for Counted<S> {
         bump(&self.counters.sync, 1);
         self.inner.sync().await
     }
+    async fn maintain(&self) -> Result<()> {
+        self.inner.maintain().await
+    }
 }

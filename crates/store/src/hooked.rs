@@ -79,4 +79,8 @@ impl<S: Store, H: Hook> Store for Hooked<S, H> {
         self.hook.before(Call::Sync).await;
         self.inner.sync().await
     }
+
+    async fn maintain(&self) -> Result<()> {
+        self.inner.maintain().await
+    }
 }

@@ -35,6 +35,7 @@ mod row;
 pub mod sled_backend;
 mod sled_compact;
 mod sled_open;
+mod values;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -51,6 +52,7 @@ pub use mem::MemStore;
 pub use sled_backend::{ColumnUsage, SledStore, TreeUsage, Usage};
 pub use sled_compact::Compacted;
 pub use sled_open::SledOptions;
+pub use values::Cleaned;
 
 /// A timestamp: a version of a cell. Handed out by the oracle, strictly increasing.
 ///
@@ -363,6 +365,13 @@ pub trait Store: Send + Sync + 'static {
     /// Returns once every write acknowledged before this call is durable. Concurrent calls
     /// share one flush (group commit).
     async fn sync(&self) -> Result<()>;
+
+    /// The backend's own housekeeping, which the transaction layer's collection pass asks for
+    /// after it has dropped old versions (the sled backend cleans its value log when enough
+    /// of it is no longer referred to). Correctness never waits for it.
+    async fn maintain(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Forwarding through a shared pointer, so `Arc<dyn Store>` is itself a store.
@@ -396,6 +405,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn sync(&self) -> Result<()> {
         (**self).sync().await
+    }
+    async fn maintain(&self) -> Result<()> {
+        (**self).maintain().await
     }
 }
 

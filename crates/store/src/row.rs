@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
+use crate::values::Hash;
 use crate::{Column, ColumnRead, Condition, Schema, StoreError, Ts, TsRange};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -115,12 +116,15 @@ fn in_range<V>(versions: &[(Ts, V)], range: TsRange) -> impl Iterator<Item = &(T
     versions[start..].iter().take_while(move |(t, _)| *t >= range.min)
 }
 
-/// How the sled backend holds a value: small values inline in the row, large ones as a blob
-/// under a key of their own (so that rewriting the row does not copy page bodies).
+/// How the sled backend holds a value: small values inline in the row, large ones in the
+/// value log under their content's name (so that rewriting the row does not copy page
+/// bodies). Stores written before the value log hold large values as blobs in a sled tree,
+/// which still read.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Stored {
     Inline(Bytes),
     Blob { id: u64, len: u64 },
+    Value { hash: Hash, len: u64 },
 }
 
 const FORMAT_VERSION: u8 = 1;
@@ -144,6 +148,11 @@ pub(crate) fn encode(row: &RowCells<Stored>) -> Vec<u8> {
                 Stored::Blob { id, len } => {
                     out.push(1);
                     put_varint(&mut out, *id);
+                    put_varint(&mut out, *len);
+                }
+                Stored::Value { hash, len } => {
+                    out.push(2);
+                    out.extend_from_slice(hash);
                     put_varint(&mut out, *len);
                 }
             }
@@ -203,10 +212,26 @@ pub(crate) fn blob_ids(raw: &[u8], out: &mut Vec<u64>) -> Result<(), StoreError>
     r.end()
 }
 
+/// The names of the values in the value log a row record refers to, each given to `found`.
+/// Read without a schema, as [`blob_ids`].
+pub(crate) fn value_names(raw: &[u8], found: &mut dyn FnMut(&Hash)) -> Result<(), StoreError> {
+    let mut r = Reader { buf: raw };
+    for _ in 0..r.header()? {
+        let (_, _, n) = r.column()?;
+        for _ in 0..n {
+            if let (_, Value::Named { hash, .. }) = r.version()? {
+                found(hash);
+            }
+        }
+    }
+    r.end()
+}
+
 /// One version's value as a record holds it, borrowed from the record.
 enum Value<'a> {
     Inline(&'a [u8]),
     Blob { id: u64, len: u64 },
+    Named { hash: &'a Hash, len: u64 },
 }
 
 impl Value<'_> {
@@ -214,6 +239,7 @@ impl Value<'_> {
         match *self {
             Value::Inline(b) => Stored::Inline(Bytes::copy_from_slice(b)),
             Value::Blob { id, len } => Stored::Blob { id, len },
+            Value::Named { hash, len } => Stored::Value { hash: *hash, len },
         }
     }
 }
@@ -263,6 +289,10 @@ impl<'a> Reader<'a> {
                 id: self.varint().ok_or_else(|| corrupt("blob id"))?,
                 len: self.varint().ok_or_else(|| corrupt("blob length"))?,
             },
+            Some(2) => Value::Named {
+                hash: self.hash().ok_or_else(|| corrupt("value name"))?,
+                len: self.varint().ok_or_else(|| corrupt("value length"))?,
+            },
             _ => return Err(corrupt("value tag")),
         };
         Ok((ts, value))
@@ -291,6 +321,11 @@ impl<'a> Reader<'a> {
         }
         None
     }
+    fn hash(&mut self) -> Option<&'a Hash> {
+        let (h, rest) = self.buf.split_first_chunk::<32>()?;
+        self.buf = rest;
+        Some(h)
+    }
     fn bytes(&mut self) -> Option<&'a [u8]> {
         let n = usize::try_from(self.varint()?).ok()?;
         if n > self.buf.len() {
@@ -315,6 +350,7 @@ mod tests {
         row.put(&c, Ts(3), Stored::Inline(Bytes::from_static(b"three")));
         row.put(&c, Ts(9), Stored::Blob { id: 7, len: 1 << 20 });
         row.put(&Column::new("f", ""), Ts(1), Stored::Inline(Bytes::new()));
+        row.put(&Column::new("f", "v"), Ts(4), Stored::Value { hash: [9; 32], len: 70_000 });
         let decoded = decode(&schema, &encode(&row)).unwrap();
         assert_eq!(decoded, row);
         let read = decoded.read(&ColumnRead::all(c, TsRange::ALL));
@@ -365,5 +401,22 @@ mod tests {
         let mut longer = raw.clone();
         longer.push(0);
         assert!(blob_ids(&longer, &mut Vec::new()).is_err(), "trailing bytes");
+    }
+
+    #[test]
+    fn the_value_names_of_a_record_are_every_one_of_every_column_and_version() {
+        let mut row = RowCells::default();
+        row.put(&Column::new("a", "x"), Ts(2), Stored::Inline(Bytes::from_static(b"small")));
+        row.put(&Column::new("a", "x"), Ts(5), Stored::Value { hash: [5; 32], len: 9000 });
+        row.put(&Column::new("a", "x"), Ts(7), Stored::Blob { id: 1, len: 300 });
+        row.put(&Column::new("b", ""), Ts(3), Stored::Value { hash: [3; 32], len: 300 });
+        let raw = encode(&row);
+        let mut names = Vec::new();
+        value_names(&raw, &mut |h| names.push(*h)).unwrap();
+        names.sort_unstable();
+        assert_eq!(names, [[3; 32], [5; 32]]);
+        for cut in 0..raw.len() {
+            assert!(value_names(&raw[..cut], &mut |_| ()).is_err(), "{cut}");
+        }
     }
 }

@@ -5,31 +5,36 @@
 //! ```text
 //!   tree "rows"         row key            -> RowCells record: every cell of the row's
 //!                                             Row-locality families (see row.rs)
-//!   tree "blobs"        blob id (u64 BE)   -> a value too large to keep inline in its row
+//!   tree "values"       blake3(value)      -> where the value log holds it (values/)
+//!   tree "blobs"        blob id (u64 BE)   -> a large value, in stores made before the value log
 //!   tree "own/<fam>"    enc(row) enc(q) !ts -> value, for a family in its own locality group
+//!   values/*.seg                           -> the value log's segments (values/mod.rs)
 //! ```
 //!
 //! Why this shape: sled's fast atomic primitive is a single-key `compare_and_swap`; its
 //! multi-key `transaction` and `apply_batch` are several times slower and leave a flush
 //! backlog (measured; see docs/architecture.md). So a row's atomic unit is one
 //! sled value, and `check_and_mutate` is get + decode + check + apply + CAS, retried if another
-//! writer changed the row in between. Large values go out of line first, under a fresh blob
-//! id that nothing else references, so a failed condition or a lost CAS only has to drop the
-//! new blobs; a crash between the blob write and the CAS (or between a CAS and the removal of
-//! the blobs it replaced) leaves an unreferenced blob, which wastes space but is never read,
-//! until a compaction (`sled_compact`) leaves it behind.
+//! writer changed the row in between. Large values go to the value log first, named by their
+//! content: a row refers to a value by its name, and a value no row refers to (a failed
+//! condition's, a replaced version's, one a crash wrote before its row) is dropped by the
+//! value log's cleaner. Stores made before the value log hold large values in the `blobs`
+//! tree; those still read, and go when their rows are rewritten or compacted.
 //!
 //! Durability: sled writes to in-memory log buffers; [`Store::sync`] flushes them, making every
 //! earlier write durable, and concurrent `sync` calls share one flush (group commit). What was
 //! not flushed is not recovered in order: sled's buffers are written by several threads, and
 //! after a crash a later write may survive an earlier one. A write that must not outlive
 //! another (a commit record and its primary's, a notification's clear and the run it
-//! answered) is made after a flush.
+//! answered) is made after a flush. A flush first fsyncs the value log, so a flushed row never
+//! refers to a frame a power loss could take; the store flushes every `flush_every_ms` on a
+//! thread of its own, in that order, instead of sled's flusher.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -37,6 +42,7 @@ use bytes::Bytes;
 use crate::row::{self, RowCells, Stored};
 use crate::sled_compact::Compacted;
 use crate::sled_open::{io, open_db, sled_config, stored_conf, SledOptions};
+use crate::values::{Cleaned, Values};
 use crate::{
     keycode, validate, validate_check_and_mutate, validate_row_mutation, Cell, ColumnRead,
     Condition, Locality, Mutation, Result, RowMutation, Scan, ScanCell, Schema, Store, StoreError,
@@ -99,15 +105,18 @@ pub struct ColumnUsage {
     pub blob_bytes: u64,
 }
 
+/// A writer's hold on the value log's cleaner (`Values::pin`).
+type Pin<'a> = std::sync::RwLockReadGuard<'a, ()>;
+
 pub struct SledStore {
     schema: Schema,
     db: sled::Db,
     rows: sled::Tree,
     blobs: sled::Tree,
     own: BTreeMap<&'static str, sled::Tree>,
-    /// Added to sled's generated ids to make blob ids ([`BLOB_ID_BASE`]).
-    blob_id_base: u64,
+    values: Arc<Values>,
     group: GroupCommit,
+    flusher: Option<Flusher>,
 }
 
 impl SledStore {
@@ -133,20 +142,46 @@ impl SledStore {
         let path = path.as_ref();
         crate::sled_compact::recover(path)?;
         crate::sled_open::forget_unfinished_creation(path)?;
-        let db = open_db(path, &sled_config(path, &stored_conf(path), options))?;
+        // The store flushes on a thread of its own, the value log first (`Flusher`).
+        let config = sled_config(path, &stored_conf(path), options).flush_every_ms(None);
+        let db = open_db(path, &config)?;
         let rows = db.open_tree(ROWS).map_err(io)?;
         let blobs = db.open_tree(BLOBS).map_err(io)?;
         let mut own = BTreeMap::new();
         for f in schema.families().iter().filter(|f| f.locality == Locality::Own) {
             own.insert(f.name, db.open_tree(format!("own/{}", f.name)).map_err(io)?);
         }
-        let blob_id_base = blob_id_base(&db)?;
-        Ok(SledStore { schema, db, rows, blobs, own, blob_id_base, group: GroupCommit::default() })
+        let values = Arc::new(Values::open(path, &db, options.value_segment_bytes)?);
+        let flusher = Flusher::start(db.clone(), values.clone(), options.flush_every_ms);
+        Ok(SledStore {
+            schema,
+            db,
+            rows,
+            blobs,
+            own,
+            values,
+            group: GroupCommit::default(),
+            flusher: Some(flusher),
+        })
     }
 
-    /// Bytes on disk, as sled reports them.
+    /// Bytes on disk: sled's, as it reports them, and the value log's segments.
     pub fn size_on_disk(&self) -> Result<u64> {
-        self.db.size_on_disk().map_err(io)
+        Ok(self.db.size_on_disk().map_err(io)? + self.values.disk_bytes()?)
+    }
+
+    /// Runs a pass of the value log's cleaner now (`Store::maintain` runs one when due).
+    pub fn clean_values(&self) -> Result<Cleaned> {
+        self.values.clean(&|found| self.value_names(found))
+    }
+
+    /// Every name of a value some row record refers to (see `Values::clean`).
+    fn value_names(&self, found: &mut dyn FnMut(&crate::values::Hash)) -> Result<()> {
+        for kv in self.rows.iter() {
+            let (_, raw) = kv.map_err(io)?;
+            row::value_names(&raw, found)?;
+        }
+        Ok(())
     }
 
     /// Where the bytes are: per sled tree, its keys and their key and value bytes; per
@@ -173,7 +208,9 @@ impl SledStore {
                             c.versions += 1;
                             match stored {
                                 Stored::Inline(b) => c.inline_bytes += b.len() as u64,
-                                Stored::Blob { len, .. } => c.blob_bytes += len,
+                                Stored::Blob { len, .. } | Stored::Value { len, .. } => {
+                                    c.blob_bytes += len
+                                }
                             }
                         }
                     }
@@ -181,6 +218,7 @@ impl SledStore {
             }
             u.trees.push(t);
         }
+        u.trees.push(self.values.usage()?);
         u.disk_bytes = self.size_on_disk()?;
         Ok(u)
     }
@@ -198,20 +236,26 @@ impl SledStore {
         &self.own[family]
     }
 
-    /// Turns a value into its stored form, writing a blob if it is large.
-    fn store_value(&self, value: &Bytes, new_blobs: &mut Vec<u64>) -> Result<Stored> {
+    /// Turns a value into its stored form, putting it in the value log if it is large.
+    fn store_value(&self, pin: &Pin<'_>, value: &Bytes) -> Result<Stored> {
         if value.len() <= INLINE_BYTES_MAX {
             return Ok(Stored::Inline(value.clone()));
         }
-        let id = self.blob_id_base + self.db.generate_id().map_err(io)?;
-        self.blobs.insert(id.to_be_bytes(), value.as_ref()).map_err(io)?;
-        new_blobs.push(id);
-        Ok(Stored::Blob { id, len: value.len() as u64 })
+        let hash = self.values.put(pin, value)?;
+        Ok(Stored::Value { hash, len: value.len() as u64 })
     }
 
-    fn drop_blobs(&self, ids: impl IntoIterator<Item = u64>) -> Result<()> {
-        for id in ids {
-            self.blobs.remove(id.to_be_bytes()).map_err(io)?;
+    /// Lets go of stored values no longer referred to: a legacy blob is removed, a value
+    /// log reference counted toward the cleaner's next pass.
+    fn drop_values(&self, values: impl IntoIterator<Item = Stored>) -> Result<()> {
+        for v in values {
+            match v {
+                Stored::Inline(_) => {}
+                Stored::Blob { id, .. } => {
+                    self.blobs.remove(id.to_be_bytes()).map_err(io)?;
+                }
+                Stored::Value { len, .. } => self.values.dropped(len),
+            }
         }
         Ok(())
     }
@@ -223,6 +267,7 @@ impl SledStore {
             Stored::Blob { id, .. } => {
                 Ok(self.blobs.get(id.to_be_bytes()).map_err(io)?.map(|iv| Bytes::from(iv.to_vec())))
             }
+            Stored::Value { hash, .. } => self.values.get(hash),
         }
     }
 
@@ -233,12 +278,13 @@ impl SledStore {
         conditions: &[Condition],
         mutations: &[Mutation],
     ) -> Result<bool> {
-        let mut new_blobs = Vec::new();
+        // Held until the row is written: the value log's cleaner waits for it (values/).
+        let pin = self.values.pin();
         let mut prepared = Vec::with_capacity(mutations.len());
         for m in mutations {
             prepared.push(match m {
                 Mutation::Put { column, ts, value } => {
-                    (m, Some((column, *ts, self.store_value(value, &mut new_blobs)?)))
+                    (m, Some((column, *ts, self.store_value(&pin, value)?)))
                 }
                 Mutation::Delete { .. } => (m, None),
             });
@@ -247,7 +293,7 @@ impl SledStore {
             let current = self.rows.get(row).map_err(io)?;
             let mut cells = self.decode_row(current.as_deref())?;
             if !conditions.iter().all(|c| cells.holds(c)) {
-                self.drop_blobs(new_blobs)?;
+                self.drop_values(prepared.into_iter().filter_map(|(_, put)| Some(put?.2)))?;
                 return Ok(false);
             }
             let mut replaced = Vec::new();
@@ -265,10 +311,8 @@ impl SledStore {
             let next = if cells.is_empty() { None } else { Some(row::encode(&cells)) };
             match self.rows.compare_and_swap(row, current, next).map_err(io)? {
                 Ok(()) => {
-                    self.drop_blobs(replaced.into_iter().filter_map(|v| match v {
-                        Stored::Blob { id, .. } => Some(id),
-                        Stored::Inline(_) => None,
-                    }))?;
+                    drop(pin);
+                    self.drop_values(replaced)?;
                     return Ok(true);
                 }
                 // Another writer changed the row between our get and CAS: decide again.
@@ -514,7 +558,45 @@ impl Store for SledStore {
     }
 
     async fn sync(&self) -> Result<()> {
-        self.group.sync(&self.db).await
+        self.group.sync(&self.db, &self.values).await
+    }
+
+    async fn maintain(&self) -> Result<()> {
+        self.values.maintain(&|found| self.value_names(found))?;
+        Ok(())
+    }
+}
+
+/// The store's periodic flush, in place of sled's: the value log's frames first, then sled,
+/// so that no row record sled writes durably refers to a frame that is not.
+struct Flusher {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Flusher {
+    fn start(db: sled::Db, values: Arc<Values>, every_ms: u64) -> Flusher {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let every = std::time::Duration::from_millis(every_ms.max(1));
+        let thread = std::thread::Builder::new()
+            .name("perc-store-flush".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(every)
+                {
+                    // An error here is met again, and reported, by the next commit's sync.
+                    if values.sync().is_ok() {
+                        let _ = db.flush();
+                    }
+                }
+            })
+            .expect("a thread for the store's flush");
+        Flusher { stop, thread }
+    }
+
+    fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
     }
 }
 
@@ -528,7 +610,7 @@ struct GroupCommit {
 }
 
 impl GroupCommit {
-    async fn sync(&self, db: &sled::Db) -> Result<()> {
+    async fn sync(&self, db: &sled::Db, values: &Arc<Values>) -> Result<()> {
         let mine = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
         let _turn = self.flushing.lock().await;
         if self.completed.load(Ordering::SeqCst) >= mine {
@@ -536,6 +618,13 @@ impl GroupCommit {
         }
         // Every request numbered up to `covers` was made before this flush starts.
         let covers = self.requested.load(Ordering::SeqCst);
+        let values = values.clone();
+        tokio::task::spawn_blocking(move || values.sync()).await.map_err(|e| {
+            StoreError::Io {
+                backend: "sled",
+                detail: format!("the value log's sync did not finish: {e}"),
+            }
+        })??;
         db.flush_async().await.map_err(io)?;
         self.completed.fetch_max(covers, Ordering::SeqCst);
         Ok(())
@@ -544,8 +633,13 @@ impl GroupCommit {
 
 impl Drop for SledStore {
     fn drop(&mut self) {
+        if let Some(f) = self.flusher.take() {
+            f.stop();
+        }
         // Best effort on a clean shutdown; acknowledged commits were already synced.
-        let _ = self.db.flush();
+        if self.values.sync().is_ok() {
+            let _ = self.db.flush();
+        }
     }
 }
 
@@ -563,12 +657,17 @@ mod tests {
         let col = Column::new("f", "body");
         let big = Bytes::from(vec![7u8; 100_000]);
         let put = |ts: u64, v: Bytes| Mutation::Put { column: col.clone(), ts: Ts(ts), value: v };
+        let entries = |s: &SledStore| s.values.usage().unwrap().keys;
         assert!(store.check_and_mutate(b"r", &[], &[put(1, big.clone())]).await.unwrap());
-        assert_eq!(store.blobs.len(), 1);
-        // A failed condition leaves no blob behind.
+        assert_eq!(entries(&store), 1);
+        assert!(store.rows.get(b"r").unwrap().unwrap().len() < 100, "the row holds a name");
+        // A failed condition's value is dropped by the next pass.
         let never = Condition::CellAt { column: col.clone(), ts: Ts(99) };
-        assert!(!store.check_and_mutate(b"r", &[never], &[put(2, big.clone())]).await.unwrap());
-        assert_eq!(store.blobs.len(), 1);
+        let other = Bytes::from(vec![8u8; 100_000]);
+        assert!(!store.check_and_mutate(b"r", &[never], &[put(2, other)]).await.unwrap());
+        assert_eq!(entries(&store), 2);
+        assert_eq!(store.clean_values().unwrap().dropped, 1);
+        assert_eq!(entries(&store), 1);
         let got = store
             .read_row(b"r", &[ColumnRead::newest(col.clone(), crate::TsRange::ALL)])
             .await
@@ -576,8 +675,9 @@ mod tests {
         assert_eq!(got[0][0].value, big);
         let del = Mutation::Delete { column: col.clone(), range: crate::TsRange::ALL };
         assert!(store.check_and_mutate(b"r", &[], &[del]).await.unwrap());
-        assert_eq!(store.blobs.len(), 0);
         assert_eq!(store.rows.len(), 0);
+        assert_eq!(store.clean_values().unwrap().dropped, 1);
+        assert_eq!(entries(&store), 0);
     }
 
     #[test]

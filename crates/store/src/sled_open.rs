@@ -130,11 +130,18 @@ pub struct SledOptions {
     /// Whether a store compresses is fixed when it is created (sled refuses a change); the
     /// level of an existing compressed store may change.
     pub zstd_level: i32,
+    /// The size at which the value log seals a segment and starts the next.
+    pub value_segment_bytes: u64,
 }
 
 impl Default for SledOptions {
     fn default() -> Self {
-        SledOptions { cache_bytes: 256 * 1024 * 1024, flush_every_ms: 500, zstd_level: 0 }
+        SledOptions {
+            cache_bytes: 256 * 1024 * 1024,
+            flush_every_ms: 500,
+            zstd_level: 0,
+            value_segment_bytes: 64 << 20,
+        }
     }
 }
 

@@ -100,6 +100,9 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
         }
     }
     report.workers_removed = remove_dead_workers(client).await?;
+    // The versions dropped may have been the last references to values the backend can now
+    // let go of (the sled backend's value log).
+    store.maintain().await?;
     Ok(report)
 }
 
