@@ -26,9 +26,8 @@
 //! not flushed is not recovered in order: sled's buffers are written by several threads, and
 //! after a crash a later write may survive an earlier one. A write that must not outlive
 //! another (a commit record and its primary's, a notification's clear and the run it
-//! answered) is made after a flush. A flush first fsyncs the value log, so a flushed row never
-//! refers to a frame a power loss could take; the store flushes every `flush_every_ms` on a
-//! thread of its own, in that order, instead of sled's flusher.
+//! answered) is made after a flush. A flush first fsyncs the value log's active segment, so a
+//! flushed row never names a frame a power loss could take.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -116,7 +115,6 @@ pub struct SledStore {
     own: BTreeMap<&'static str, sled::Tree>,
     values: Arc<Values>,
     group: GroupCommit,
-    flusher: Option<Flusher>,
 }
 
 impl SledStore {
@@ -142,9 +140,7 @@ impl SledStore {
         let path = path.as_ref();
         crate::sled_compact::recover(path)?;
         crate::sled_open::forget_unfinished_creation(path)?;
-        // The store flushes on a thread of its own, the value log first (`Flusher`).
-        let config = sled_config(path, &stored_conf(path), options).flush_every_ms(None);
-        let db = open_db(path, &config)?;
+        let db = open_db(path, &sled_config(path, &stored_conf(path), options))?;
         let rows = db.open_tree(ROWS).map_err(io)?;
         let blobs = db.open_tree(BLOBS).map_err(io)?;
         let mut own = BTreeMap::new();
@@ -152,17 +148,7 @@ impl SledStore {
             own.insert(f.name, db.open_tree(format!("own/{}", f.name)).map_err(io)?);
         }
         let values = Arc::new(Values::open(path, &db, options.value_segment_bytes)?);
-        let flusher = Flusher::start(db.clone(), values.clone(), options.flush_every_ms);
-        Ok(SledStore {
-            schema,
-            db,
-            rows,
-            blobs,
-            own,
-            values,
-            group: GroupCommit::default(),
-            flusher: Some(flusher),
-        })
+        Ok(SledStore { schema, db, rows, blobs, own, values, group: GroupCommit::default() })
     }
 
     /// Bytes on disk: sled's, as it reports them, and the value log's segments.
@@ -567,39 +553,6 @@ impl Store for SledStore {
     }
 }
 
-/// The store's periodic flush, in place of sled's: the value log's frames first, then sled,
-/// so that no row record sled writes durably refers to a frame that is not.
-struct Flusher {
-    stop: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Flusher {
-    fn start(db: sled::Db, values: Arc<Values>, every_ms: u64) -> Flusher {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let every = std::time::Duration::from_millis(every_ms.max(1));
-        let thread = std::thread::Builder::new()
-            .name("perc-store-flush".into())
-            .spawn(move || {
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(every)
-                {
-                    // An error here is met again, and reported, by the next commit's sync.
-                    if values.sync().is_ok() {
-                        let _ = db.flush();
-                    }
-                }
-            })
-            .expect("a thread for the store's flush");
-        Flusher { stop, thread }
-    }
-
-    fn stop(self) {
-        drop(self.stop);
-        let _ = self.thread.join();
-    }
-}
-
 /// Group commit: a flush that starts after a caller's request covers that caller's writes,
 /// so callers that queue behind a running flush are served by the next one together.
 #[derive(Default)]
@@ -619,12 +572,14 @@ impl GroupCommit {
         // Every request numbered up to `covers` was made before this flush starts.
         let covers = self.requested.load(Ordering::SeqCst);
         let values = values.clone();
-        tokio::task::spawn_blocking(move || values.sync()).await.map_err(|e| {
-            StoreError::Io {
-                backend: "sled",
-                detail: format!("the value log's sync did not finish: {e}"),
-            }
-        })??;
+        if values.unsynced() {
+            tokio::task::spawn_blocking(move || values.sync()).await.map_err(|e| {
+                StoreError::Io {
+                    backend: "sled",
+                    detail: format!("the value log's sync did not finish: {e}"),
+                }
+            })??;
+        }
         db.flush_async().await.map_err(io)?;
         self.completed.fetch_max(covers, Ordering::SeqCst);
         Ok(())
@@ -633,9 +588,6 @@ impl GroupCommit {
 
 impl Drop for SledStore {
     fn drop(&mut self) {
-        if let Some(f) = self.flusher.take() {
-            f.stop();
-        }
         // Best effort on a clean shutdown; acknowledged commits were already synced.
         if self.values.sync().is_ok() {
             let _ = self.db.flush();

@@ -107,7 +107,6 @@ impl Values {
 
         let mut kept_raw = 0u64;
         let mut live_bytes: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut kept: Vec<(Hash, Loc)> = Vec::new();
         for entry in self.index.iter() {
             let (key, raw) = entry.map_err(io)?;
             let loc = Loc::decode(&raw)?;
@@ -117,10 +116,7 @@ impl Values {
                 || self.touched_or_dropped(&key, &raw, name, report)?;
             if keep {
                 kept_raw += u64::from(loc.raw);
-                if loc.segment < sealed {
-                    *live_bytes.entry(loc.segment).or_default() += u64::from(loc.frame_len);
-                    kept.push((hash, loc));
-                }
+                *live_bytes.entry(loc.segment).or_default() += u64::from(loc.frame_len);
             }
         }
 
@@ -136,10 +132,20 @@ impl Values {
                 doomed.push(id);
             }
         }
-        for (hash, loc) in kept.iter().filter(|(_, l)| doomed.binary_search(&l.segment).is_ok()) {
-            let Some(bytes) = self.frame_at(loc)? else { continue };
-            self.append(hash, &bytes, loc.raw, Some(loc))?;
-            report.moved += 1;
+        // The live frames of the doomed segments, found by a second walk of the index (a
+        // list of every entry kept would hold the whole index in memory).
+        if !doomed.is_empty() {
+            for entry in self.index.iter() {
+                let (key, raw) = entry.map_err(io)?;
+                let loc = Loc::decode(&raw)?;
+                if doomed.binary_search(&loc.segment).is_err() {
+                    continue;
+                }
+                let hash: Hash = key.as_ref().try_into().map_err(|_| super::corrupt("a name"))?;
+                let Some(bytes) = self.frame_at(&loc)? else { continue };
+                self.append(&hash, &bytes, loc.raw, Some(&loc))?;
+                report.moved += 1;
+            }
         }
         crash_point("values.clean.after-copy");
         self.sync()?;

@@ -387,6 +387,11 @@ impl Values {
         self.dropped.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Whether frames were appended since the last [`Values::sync`].
+    pub fn unsynced(&self) -> bool {
+        self.active.lock().expect("active").as_ref().is_some_and(|a| a.len > a.synced)
+    }
+
     /// Makes every frame appended so far durable.
     pub fn sync(&self) -> Result<()> {
         let (file, id, len) = {
