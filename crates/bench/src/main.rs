@@ -44,7 +44,11 @@ enum Suite {
     Distributed,
     /// The paper's claim on synthetic webs of 1k, 10k and 100k pages: replay, update
     /// latency, rebuild against update, peak RSS.
-    Scaling,
+    Scaling {
+        /// One size only, in pages, unscaled (the million-page run: `--pages 1000000`).
+        #[arg(long)]
+        pages: Option<u64>,
+    },
     /// One size of `scaling`, in a process of its own (run by `scaling`).
     #[command(hide = true)]
     ScalingOne {
@@ -97,7 +101,7 @@ fn main() -> anyhow::Result<()> {
         Suite::Notify => notify::run(args.scale),
         Suite::Pipeline => pipeline::run(args.scale),
         Suite::Distributed => distributed::run(args.scale),
-        Suite::Scaling => scaling::run(args.scale),
+        Suite::Scaling { pages } => scaling::run(args.scale, pages),
         Suite::ScalingOne { pages } => scaling::one(pages),
         Suite::Datapath { warcs } => datapath::run(args.scale, &warcs),
         Suite::DatapathOne { warc } => datapath::one(&warc),
@@ -113,7 +117,7 @@ fn main() -> anyhow::Result<()> {
             datapath::run(args.scale, &[])?;
             layout::run(args.scale)?;
             serve::run(args.scale)?;
-            scaling::run(args.scale)?;
+            scaling::run(args.scale, None)?;
             soak::run(120.0 * args.scale, 3_000, &[])
         }
     }

@@ -283,16 +283,23 @@ async fn updates(
 }
 
 /// The parent: every size in a child, then the tables.
-pub fn run(scale: f64) -> Result<()> {
+/// The three sizes (1k, 10k and 100k pages, scaled); or, with `pages`, that size alone (the
+/// million-page run: `perc-bench scaling --pages 1000000`).
+pub fn run(scale: f64, pages: Option<u64>) -> Result<()> {
     println!("# perc-bench scaling (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
+    let sizes = match pages {
+        Some(n) => vec![n],
+        None => [1_000u64, 10_000, 100_000].iter().map(|&n| scaled(n, scale)).collect(),
+    };
     let mut all: Vec<Figures> = Vec::new();
-    for n in [1_000u64, 10_000, 100_000] {
-        let pages = scaled(n, scale).to_string();
-        all.push(in_a_child(&["scaling-one", "--pages", &pages], &[])?);
+    for n in sizes {
+        all.push(in_a_child(&["scaling-one", "--pages", &n.to_string()], &[])?);
     }
     let mut t = Table::new();
     add_sizes(&mut t, &all);
-    add_ratios(&mut t, &all);
+    if all.len() > 1 {
+        add_ratios(&mut t, &all);
+    }
     t.print("scaling on synthetic webs");
     Ok(())
 }

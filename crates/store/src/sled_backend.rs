@@ -56,22 +56,6 @@ const INLINE_BYTES_MAX: usize = 256;
 /// How often a reader retries a row whose blob vanished under it (a concurrent delete).
 const BLOB_RETRIES: usize = 8;
 
-/// The key, in sled's default tree, of the number added to sled's generated ids to make
-/// blob ids. A new store has none (0). A compacted store is a new sled database whose ids
-/// start again from 0: its base is above every id the old one gave out (`sled_compact`).
-pub(crate) const BLOB_ID_BASE: &[u8] = b"perc/blob_id_base";
-
-/// The store's blob id base ([`BLOB_ID_BASE`]).
-pub(crate) fn blob_id_base(db: &sled::Db) -> Result<u64> {
-    match db.get(BLOB_ID_BASE).map_err(io)? {
-        None => Ok(0),
-        Some(v) => v.as_ref().try_into().map(u64::from_be_bytes).map_err(|_| StoreError::Corrupt {
-            backend: "sled",
-            detail: format!("{} is not a u64", String::from_utf8_lossy(BLOB_ID_BASE)),
-        }),
-    }
-}
-
 /// What [`SledStore::usage`] found.
 #[derive(Clone, Debug, Default)]
 pub struct Usage {

@@ -30,14 +30,10 @@
 //! two compactions never run at once. Files of the directory that are not sled's
 //! (perc's search index) stay where they are.
 //!
-//! Blob ids: perc names a blob by an id from sled's generator, which starts again at 0 in a
-//! new database. The copy therefore records, in its default tree, a base above every id the
-//! old store gave out (`BLOB_ID_BASE`), and the store adds it to each generated id.
-
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::sled_backend::{blob_id_base, BLOBS, BLOB_ID_BASE, ROWS};
+use crate::sled_backend::{BLOBS, ROWS};
 use crate::sled_open::{io, open_db, sled_config, stored_conf};
 use crate::{Result, SledOptions, StoreError};
 
@@ -344,9 +340,6 @@ fn copy_trees(old: &sled::Db, new: &sled::Db, stop: &dyn Fn() -> bool) -> Result
     if stop() {
         return Ok(None);
     }
-    // Above every id the old store gave out: its base plus an id its generator has not.
-    let base = blob_id_base(old)? + old.generate_id().map_err(io)? + 1;
-    new.insert(BLOB_ID_BASE, &base.to_be_bytes()).map_err(io)?;
     new.flush().map_err(io)?;
     Ok(Some(copied))
 }
@@ -409,11 +402,7 @@ mod tests {
         let done =
             compact(dir.path(), &SledOptions::default(), &|| false).unwrap().expect("not stopped");
         assert!(done.bytes_after * 2 < done.bytes_before, "{done:?}");
-        let mut after = dump(dir.path());
-        // The copy adds the blob id base to the default tree, and nothing else.
-        let default = after.iter_mut().find(|(n, _)| n == b"__sled__default").unwrap();
-        default.1.retain(|(k, _)| k != BLOB_ID_BASE);
-        assert_eq!(before, after);
+        assert_eq!(before, dump(dir.path()));
         assert!(dir.path().join("search").is_dir(), "perc's own files stay");
         assert!(!dir.path().join(NEW).exists() && !dir.path().join(OLD).exists());
     }
@@ -574,12 +563,7 @@ mod tests {
             cut(dir.path());
             assert_eq!(finishing(dir.path()), compacted, "{what}");
             recover(dir.path()).unwrap();
-            let mut after = dump(dir.path());
-            let default = after.iter_mut().find(|(n, _)| n == b"__sled__default").unwrap();
-            let base = default.1.iter().position(|(k, _)| k == BLOB_ID_BASE);
-            assert_eq!(base.is_some(), compacted, "{what}: the store is the copy");
-            default.1.retain(|(k, _)| k != BLOB_ID_BASE);
-            assert_eq!(before, after, "{what}");
+            assert_eq!(before, dump(dir.path()), "{what}");
             assert_eq!(sled_bytes(dir.path()).unwrap() < bytes, compacted, "{what}");
             assert!(!dir.path().join(NEW).exists() && !dir.path().join(OLD).exists(), "{what}");
         }

@@ -1,5 +1,5 @@
-//! `SledStore::compact` through the store's own API: every cell, blob and own-family cell
-//! is there after a compaction, and the blobs written after it do not reuse an id.
+//! `SledStore::compact` through the store's own API: every cell, large value and own-family
+//! cell is there after a compaction, and so are the values written after it.
 
 use bytes::Bytes;
 use perc_store::conformance::schema;
@@ -42,7 +42,7 @@ async fn write(s: &SledStore, rows: std::ops::Range<u32>, version: u32) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_cell_is_kept_and_new_blobs_do_not_reuse_an_id() {
+async fn every_cell_is_kept_and_values_written_after_read_with_the_old() {
     for zstd_level in [0, 1] {
         let dir = tempfile::tempdir().unwrap();
         let options = SledOptions { zstd_level, ..SledOptions::default() };
@@ -55,7 +55,7 @@ async fn every_cell_is_kept_and_new_blobs_do_not_reuse_an_id() {
         }
         let done = SledStore::compact(dir.path(), &options, &go).unwrap().unwrap();
         assert!(done.keys > 400, "{done:?}");
-        // Every version's blob is referenced by its row: none is left behind.
+        // Large values live in the value log, not in sled's blobs tree.
         assert_eq!(done.blobs_dropped, 0, "{done:?}");
 
         let s = SledStore::open(dir.path(), schema(), &options).unwrap();
@@ -63,7 +63,7 @@ async fn every_cell_is_kept_and_new_blobs_do_not_reuse_an_id() {
             assert_eq!(newest(&s, row, "f").await, Some(big(row, 3)), "row {row}");
             assert_eq!(newest(&s, row, "n").await, Some(big(row, 0)), "row {row}");
         }
-        // New blobs after the compaction: the old ones must be intact.
+        // New values after the compaction: the old ones must be intact.
         write(&s, 400..800, 4).await;
         for row in 0..400 {
             assert_eq!(newest(&s, row, "f").await, Some(big(row, 3)), "old row {row}");

@@ -278,7 +278,7 @@ impl Values {
         if self.marking.load(Ordering::SeqCst) {
             self.touched.lock().expect("touched").insert(short(&hash));
         }
-        if self.locate(&hash)?.is_some() {
+        if self.holds(&hash)? {
             return Ok(hash);
         }
         let frame = frame::encode(&hash, value, LEVEL)
@@ -362,6 +362,24 @@ impl Values {
             return Ok(None);
         }
         Ok(Some((loc, buf)))
+    }
+
+    /// Whether the index has `hash` and the frame it points at is named so. Only the header
+    /// is read: a frame before a segment's end is whole (opening cut the torn tail a crash
+    /// left, and appends after it go to a new segment), so a put may name it.
+    fn holds(&self, hash: &Hash) -> Result<bool> {
+        let Some(raw) = self.index.get(hash).map_err(io)? else { return Ok(false) };
+        let loc = Loc::decode(&raw)?;
+        let file = self.segments.read().expect("segments").get(&loc.segment).cloned();
+        let Some(file) = file else { return Ok(false) };
+        let mut buf = [0; frame::HEADER];
+        match file.read_exact_at(&mut buf, loc.offset) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+            Err(e) => return Err(fs_err(format!("cannot read segment {}", loc.segment))(e)),
+        }
+        let header = frame::Header::parse(&buf);
+        Ok(header.hash == *hash && header.frame_len() == u64::from(loc.frame_len))
     }
 
     /// The value named `hash`; `None` if the log does not hold it.
