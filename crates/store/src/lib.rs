@@ -36,6 +36,7 @@ pub mod sled_backend;
 mod sled_compact;
 mod sled_open;
 mod values;
+mod zstd_ctx;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

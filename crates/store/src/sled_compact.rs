@@ -492,7 +492,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         store_with_unreferenced_blobs(dir.path());
         {
-            let db = sled_config(dir.path(), "", &SledOptions::default()).open().unwrap();
+            // A store just dropped may hold its lock a moment longer: `open_db` waits it out.
+            let config = sled_config(dir.path(), "", &SledOptions::default());
+            let db = crate::sled_open::open_db(dir.path(), &config).unwrap();
             db.open_tree(ROWS).unwrap().insert(b"bad", b"not a row record".to_vec()).unwrap();
             db.flush().unwrap();
         }

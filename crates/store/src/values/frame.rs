@@ -13,11 +13,8 @@
 //! A frame whose checksum fails, or that runs past the end of its file, is where a crash cut
 //! a segment's last write short: recovery keeps the segment up to the frame before it.
 
-use std::cell::RefCell;
-
-use zstd::bulk::{Compressor, Decompressor};
-
 use super::Hash;
+use crate::zstd_ctx;
 
 /// Bytes before a frame's payload.
 pub(crate) const HEADER: usize = 4 + 32 + 4 + 4 + 1;
@@ -25,23 +22,9 @@ pub(crate) const HEADER: usize = 4 + 32 + 4 + 4 + 1;
 const RAW: u8 = 0;
 const ZSTD: u8 = 1;
 
-thread_local! {
-    // One zstd context per thread: making one is an allocation and a `cpuid` (see
-    // crates/sled-zstd), too much to pay once per value.
-    static COMPRESSOR: RefCell<Option<(i32, Compressor<'static>)>> = const { RefCell::new(None) };
-    static DECOMPRESSOR: RefCell<Option<Decompressor<'static>>> = const { RefCell::new(None) };
-}
-
 /// The frame of `value`, named `hash`, compressed at zstd `level` when that makes it smaller.
 pub(crate) fn encode(hash: &Hash, value: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
-    let compressed = COMPRESSOR.with(|slot| -> std::io::Result<Vec<u8>> {
-        let mut slot = slot.borrow_mut();
-        let c = match slot.as_mut() {
-            Some((l, c)) if *l == level => c,
-            _ => &mut slot.insert((level, Compressor::new(level)?)).1,
-        };
-        c.compress(value)
-    })?;
+    let compressed = zstd_ctx::compress(value, level)?;
     let (codec, payload) =
         if compressed.len() < value.len() { (ZSTD, &compressed[..]) } else { (RAW, value) };
     let mut out = Vec::with_capacity(HEADER + payload.len());
@@ -101,18 +84,7 @@ pub(crate) fn decode(frame: &[u8]) -> std::io::Result<Vec<u8>> {
     let payload = &frame[HEADER..];
     match header.codec {
         RAW => Ok(payload.to_vec()),
-        _ => DECOMPRESSOR.with(|slot| {
-            let mut slot = slot.borrow_mut();
-            let d = match slot.as_mut() {
-                Some(d) => d,
-                None => slot.insert(Decompressor::new()?),
-            };
-            let value = d.decompress(payload, header.raw as usize)?;
-            if value.len() != header.raw as usize {
-                return Err(std::io::Error::other("a frame's value is not its stated length"));
-            }
-            Ok(value)
-        }),
+        _ => zstd_ctx::decompress(payload, header.raw as usize),
     }
 }
 
