@@ -61,6 +61,10 @@ struct Figures {
     /// `store.zstd_level` of the run (0: sled's log not compressed).
     #[serde(default)]
     zstd_level: i64,
+    /// The row writes given to sled during the replay and the collection pass after it, by
+    /// kind of row (`p:`, `e:`, ...): (kind, writes a page, bytes a page), most bytes first.
+    #[serde(default)]
+    written: Vec<(String, f64, f64)>,
 }
 
 /// The work a page needs with no store: parse, hash, resolve every link; its links.
@@ -169,6 +173,12 @@ async fn measure(warc: &Path) -> Result<Figures> {
         usage.columns.iter().map(|(k, c)| (k.clone(), c.inline_bytes + c.blob_bytes)).collect();
     columns.sort_by_key(|c| std::cmp::Reverse(c.1));
     columns.truncate(8);
+    let mut written: Vec<(String, f64, f64)> = sled
+        .written()
+        .into_iter()
+        .map(|(b, w, n)| (format!("{}:", b as char), per_page(w), per_page(n)))
+        .collect();
+    written.sort_by(|a, b| b.2.total_cmp(&a.2));
     // `perc compact`'s rewrite of the files (its collection pass is the one above).
     drop((store, sled));
     let start = Instant::now();
@@ -197,6 +207,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
         columns,
         rss_kb: crate::scaling::peak_rss_kb(),
         zstd_level,
+        written,
     })
 }
 
@@ -355,6 +366,22 @@ fn print(f: &Figures) {
             .map(|(n, b)| format!("{n} {:.1} MiB", mib(*b)))
             .collect::<Vec<_>>()
             .join(", "),
+    );
+    let given: f64 = f.written.iter().map(|w| w.2).sum();
+    let html = f.body_bytes as f64 / f.pages.max(1) as f64;
+    t.add(
+        "row records given to sled a page (replay and collection)",
+        format!("{:.1} KiB", given / 1024.0),
+        format!(
+            "{:.1}x the page's HTML; by kind of row: {}",
+            given / html.max(1.0),
+            f.written
+                .iter()
+                .take(6)
+                .map(|(k, w, n)| format!("{k} {w:.1} writes, {:.1} KiB", n / 1024.0))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
     );
     t.add("peak RSS", format!("{} MiB", f.rss_kb / 1024), "the child process, both loops");
     t.print(&format!("the data path on {name}, store.zstd_level = {}", f.zstd_level));

@@ -99,6 +99,29 @@ pub struct SledStore {
     own: BTreeMap<&'static str, sled::Tree>,
     values: Arc<Values>,
     group: GroupCommit,
+    written: Written,
+}
+
+/// What the store gave sled to write into the rows tree, by kind of row (a key's first byte:
+/// perc's row keys begin with a letter and a colon): row writes, and the bytes of their keys
+/// and records. sled's log holds each record it was given until its cleaner drops it, so
+/// this is what the log's volume is made of. For measurements (`perc-bench datapath`).
+struct Written {
+    by_kind: Vec<(AtomicU64, AtomicU64)>,
+}
+
+impl Default for Written {
+    fn default() -> Self {
+        Written { by_kind: (0..256).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect() }
+    }
+}
+
+impl Written {
+    fn add(&self, row: &[u8], bytes: usize) {
+        let (writes, total) = &self.by_kind[usize::from(row.first().copied().unwrap_or(0))];
+        writes.fetch_add(1, Ordering::Relaxed);
+        total.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
 }
 
 impl SledStore {
@@ -132,12 +155,31 @@ impl SledStore {
             own.insert(f.name, db.open_tree(format!("own/{}", f.name)).map_err(io)?);
         }
         let values = Arc::new(Values::open(path, &db, options.value_segment_bytes)?);
-        Ok(SledStore { schema, db, rows, blobs, own, values, group: GroupCommit::default() })
+        Ok(SledStore {
+            schema,
+            db,
+            rows,
+            blobs,
+            own,
+            values,
+            group: GroupCommit::default(),
+            written: Written::default(),
+        })
     }
 
     /// Bytes on disk: sled's, as it reports them, and the value log's segments.
     pub fn size_on_disk(&self) -> Result<u64> {
         Ok(self.db.size_on_disk().map_err(io)? + self.values.disk_bytes()?)
+    }
+
+    /// The row writes given to sled since the store opened, by the first byte of the row's
+    /// key: (that byte, writes, bytes of keys and records), the kinds written to only.
+    pub fn written(&self) -> Vec<(u8, u64, u64)> {
+        let kinds = self.written.by_kind.iter().enumerate();
+        kinds
+            .map(|(b, (w, n))| (b as u8, w.load(Ordering::Relaxed), n.load(Ordering::Relaxed)))
+            .filter(|(_, w, _)| *w > 0)
+            .collect()
     }
 
     /// Runs a pass of the value log's cleaner now (`Store::maintain` runs one when due).
@@ -279,8 +321,10 @@ impl SledStore {
                 }
             }
             let next = if cells.is_empty() { None } else { Some(row::encode(&cells)) };
+            let written = row.len() + next.as_ref().map_or(0, Vec::len);
             match self.rows.compare_and_swap(row, current, next).map_err(io)? {
                 Ok(()) => {
+                    self.written.add(row, written);
                     drop(pin);
                     self.drop_values(replaced)?;
                     return Ok(true);
