@@ -2,16 +2,16 @@
 //! kept out of sled, in append-only segment files, compressed, each content stored once.
 //!
 //! ```text
-//!   DIR/values/00000007.seg   frame frame frame ...      (frame.rs; at most SEGMENT_BYTES)
+//!   DIR/values/00000007.seg   frame frame frame ...      (frame.rs; sealed at a set size)
 //!   sled tree "values"        blake3(value) -> (segment, offset, frame length, value length)
 //!   a row record's cell       Stored::Value { hash, len }
 //! ```
 //!
-//! Why: such values are most of a store's bytes, written once and never changed in place, and
-//! sled's log keeps every rewritten node until its cleaner gets to it, and a record of every
-//! node in memory (key-value separation, as in WiscKey, RocksDB's BlobDB, Badger). A value is
-//! named by its content: a duplicate page, or a recrawl that found the page unchanged, adds a
-//! reference, not a copy.
+//! Why: such values are a third to a half of what a store holds, written once and never
+//! changed in place, while sled's log keeps every node it rewrote until its cleaner gets to
+//! it, and a record of every node in memory (key-value separation, as in WiscKey, RocksDB's
+//! BlobDB, Badger). A value is named by its content: a duplicate page, or a recrawl that found
+//! the page unchanged, adds a reference, not a copy.
 //!
 //! Writing: `put` names the value, and if the index knows the name (and the frame there holds
 //! it) returns the name; else it appends a frame to the active segment and indexes it, both
@@ -67,7 +67,8 @@ pub(crate) const INDEX: &str = "values";
 const DROPPED_KEY: &[u8] = b"perc/values/dropped";
 /// The directory of the segments, in the store's.
 const DIR: &str = "values";
-/// The zstd level of the frames: page bodies shrink 4-8 times at ~300 MB/s a core.
+/// The zstd level of the frames. Raw responses come compressed already (and are kept as they
+/// are when zstd cannot shrink them); page records, export lines and lists are JSON.
 const LEVEL: i32 = 3;
 /// How often a read looks again for a value the cleaner moved while it read.
 const READ_RETRIES: usize = 8;
