@@ -137,7 +137,7 @@ pub struct SledOptions {
 impl Default for SledOptions {
     fn default() -> Self {
         SledOptions {
-            cache_bytes: 256 * 1024 * 1024,
+            cache_bytes: 128 * 1024 * 1024,
             flush_every_ms: 500,
             zstd_level: 0,
             value_segment_bytes: 64 << 20,
