@@ -279,7 +279,6 @@ fn source(config: &Config, fetching: Fetching) -> Result<Sourced> {
 pub fn sled_options(store: &crate::config::Store) -> SledOptions {
     SledOptions {
         cache_bytes: store.cache_bytes,
-        flush_every_ms: 500,
         zstd_level: i32::try_from(store.zstd_level).unwrap_or(0),
         ..SledOptions::default()
     }

@@ -200,28 +200,31 @@ pub(crate) fn decode_only(
 /// The ids of the blobs a row record refers to, appended to `out`. Read without a schema:
 /// the compaction, which keeps only the blobs some row refers to, reads records as bytes.
 pub(crate) fn blob_ids(raw: &[u8], out: &mut Vec<u64>) -> Result<(), StoreError> {
-    let mut r = Reader { buf: raw };
-    for _ in 0..r.header()? {
-        let (_, _, n) = r.column()?;
-        for _ in 0..n {
-            if let (_, Value::Blob { id, .. }) = r.version()? {
-                out.push(id);
-            }
+    each_value(raw, &mut |v| {
+        if let Value::Blob { id, .. } = v {
+            out.push(*id);
         }
-    }
-    r.end()
+    })
 }
 
 /// The names of the values in the value log a row record refers to, each given to `found`.
 /// Read without a schema, as [`blob_ids`].
 pub(crate) fn value_names(raw: &[u8], found: &mut dyn FnMut(&Hash)) -> Result<(), StoreError> {
+    each_value(raw, &mut |v| {
+        if let Value::Named { hash, .. } = v {
+            found(hash);
+        }
+    })
+}
+
+/// Every version's value of every column of a record, in order, read without a schema; an
+/// error if the record does not read whole.
+fn each_value(raw: &[u8], f: &mut dyn FnMut(&Value<'_>)) -> Result<(), StoreError> {
     let mut r = Reader { buf: raw };
     for _ in 0..r.header()? {
         let (_, _, n) = r.column()?;
         for _ in 0..n {
-            if let (_, Value::Named { hash, .. }) = r.version()? {
-                found(hash);
-            }
+            f(&r.version()?.1);
         }
     }
     r.end()

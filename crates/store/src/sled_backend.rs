@@ -41,7 +41,7 @@ use bytes::Bytes;
 use crate::row::{self, RowCells, Stored};
 use crate::sled_compact::Compacted;
 use crate::sled_open::{io, open_db, sled_config, stored_conf, SledOptions};
-use crate::values::{Cleaned, Values};
+use crate::values::{Cleaned, Pin, Values};
 use crate::{
     keycode, validate, validate_check_and_mutate, validate_row_mutation, Cell, ColumnRead,
     Condition, Locality, Mutation, Result, RowMutation, Scan, ScanCell, Schema, Store, StoreError,
@@ -87,9 +87,6 @@ pub struct ColumnUsage {
     pub inline_bytes: u64,
     pub blob_bytes: u64,
 }
-
-/// A writer's hold on the value log's cleaner (`Values::pin`).
-type Pin<'a> = std::sync::RwLockReadGuard<'a, ()>;
 
 pub struct SledStore {
     schema: Schema,
@@ -249,11 +246,12 @@ impl SledStore {
     }
 
     /// Turns a value into its stored form, putting it in the value log if it is large.
-    fn store_value(&self, pin: &Pin<'_>, value: &Bytes) -> Result<Stored> {
+    /// `pin` is held for a write with a large value (`mutate_row`).
+    fn store_value(&self, pin: Option<&Pin<'_>>, value: &Bytes) -> Result<Stored> {
         if value.len() <= INLINE_BYTES_MAX {
             return Ok(Stored::Inline(value.clone()));
         }
-        let hash = self.values.put(pin, value)?;
+        let hash = self.values.put(pin.expect("a write of a large value holds a pin"), value)?;
         Ok(Stored::Value { hash, len: value.len() as u64 })
     }
 
@@ -290,13 +288,16 @@ impl SledStore {
         conditions: &[Condition],
         mutations: &[Mutation],
     ) -> Result<bool> {
-        // Held until the row is written: the value log's cleaner waits for it (values/).
-        let pin = self.values.pin();
+        // A row gains a reference into the value log only by a put of a large value: such a
+        // write holds the cleaner off until the row is written (values/); the others keep or
+        // drop references the row has, which a pass sees in the row before or after.
+        let large = |m: &Mutation| matches!(m, Mutation::Put { value, .. } if value.len() > INLINE_BYTES_MAX);
+        let pin = mutations.iter().any(large).then(|| self.values.pin());
         let mut prepared = Vec::with_capacity(mutations.len());
         for m in mutations {
             prepared.push(match m {
                 Mutation::Put { column, ts, value } => {
-                    (m, Some((column, *ts, self.store_value(&pin, value)?)))
+                    (m, Some((column, *ts, self.store_value(pin.as_ref(), value)?)))
                 }
                 Mutation::Delete { .. } => (m, None),
             });

@@ -157,6 +157,19 @@ pub(crate) fn io(e: sled::Error) -> StoreError {
     }
 }
 
+/// An error of a file operation of the sled backend (`what` names it): out of space when the
+/// disk is full, else I/O.
+pub(crate) fn fs_error(what: String) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |e| {
+        let detail = format!("{what}: {e}");
+        if is_out_of_space(&e) {
+            StoreError::OutOfSpace { backend: "sled", detail }
+        } else {
+            StoreError::Io { backend: "sled", detail }
+        }
+    }
+}
+
 /// ENOSPC (and EDQUOT, a quota that is full), however sled wrapped it.
 fn is_out_of_space(e: &std::io::Error) -> bool {
     matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)

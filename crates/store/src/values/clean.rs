@@ -20,7 +20,8 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use super::{frame, fs_err, short, Hash, Loc, Referenced, Values};
+use super::{short, Hash, Loc, Referenced, Values};
+use crate::sled_open::fs_error;
 use crate::sled_open::io;
 use crate::Result;
 
@@ -126,7 +127,7 @@ impl Values {
         };
         let mut doomed = Vec::new();
         for (id, file) in files {
-            let len = file.metadata().map_err(fs_err(format!("cannot stat segment {id}")))?.len();
+            let len = file.metadata().map_err(fs_error(format!("cannot stat segment {id}")))?.len();
             let live = live_bytes.get(&id).copied().unwrap_or(0);
             if (live as f64) < LIVE_SHARE_MIN * len as f64 {
                 doomed.push(id);
@@ -155,7 +156,7 @@ impl Values {
             self.segments.write().expect("segments").remove(&id);
             let path = self.dir.join(super::segment_name(id));
             std::fs::remove_file(&path)
-                .map_err(fs_err(format!("cannot remove {}", path.display())))?;
+                .map_err(fs_error(format!("cannot remove {}", path.display())))?;
             report.segments_removed += 1;
             crash_point("values.clean.mid-remove");
         }
@@ -178,17 +179,5 @@ impl Values {
         let gone = self.index.compare_and_swap(key, Some(raw), None::<&[u8]>).map_err(io)?;
         report.dropped += u64::from(gone.is_ok());
         Ok(false)
-    }
-
-    /// The whole frame at `loc`, if it is there and whole.
-    fn frame_at(&self, loc: &Loc) -> Result<Option<Vec<u8>>> {
-        let file = self.segments.read().expect("segments").get(&loc.segment).cloned();
-        let Some(file) = file else { return Ok(None) };
-        let mut buf = vec![0; loc.frame_len as usize];
-        use std::os::unix::fs::FileExt;
-        if file.read_exact_at(&mut buf, loc.offset).is_err() || !frame::whole(&buf) {
-            return Ok(None);
-        }
-        Ok(Some(buf))
     }
 }

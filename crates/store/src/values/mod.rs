@@ -48,13 +48,17 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use bytes::Bytes;
 
-use crate::sled_open::io;
+use crate::sled_open::{fs_error, io};
 use crate::{Result, StoreError};
 
 pub use clean::Cleaned;
 
 /// A value's name: blake3 of its bytes.
 pub(crate) type Hash = [u8; 32];
+
+/// A writer's hold on the cleaner, from its first put until its row is written
+/// ([`Values::pin`]).
+pub(crate) type Pin<'a> = RwLockReadGuard<'a, ()>;
 
 /// A walk over every row record that gives each value name a record holds to its argument
 /// (the sled backend's, for the cleaner's mark).
@@ -132,7 +136,8 @@ pub(crate) struct Values {
     /// Value bytes whose references were dropped since the last pass (an estimate of the
     /// dead: a dropped reference may not have been the last).
     dropped: AtomicU64,
-    /// Value bytes the log held after the last pass, plus those appended since.
+    /// Value bytes the log held after the last pass, plus those appended since (from opening
+    /// to the first pass, the segments' bytes: compressed, so fewer, and a pass comes sooner).
     held: AtomicU64,
     /// One pass at a time.
     cleaning: Mutex<()>,
@@ -147,17 +152,6 @@ fn corrupt(detail: &str) -> StoreError {
     StoreError::Corrupt { backend: "sled", detail: format!("value log: {detail}") }
 }
 
-fn fs_err(what: String) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |e| {
-        let detail = format!("{what}: {e}");
-        if e.raw_os_error() == Some(28) || e.kind() == std::io::ErrorKind::StorageFull {
-            StoreError::OutOfSpace { backend: "sled", detail }
-        } else {
-            StoreError::Io { backend: "sled", detail }
-        }
-    }
-}
-
 fn segment_name(id: u32) -> String {
     format!("{id:08}.seg")
 }
@@ -168,17 +162,19 @@ impl Values {
     /// frame gets a segment of its own).
     pub fn open(store_dir: &Path, db: &sled::Db, segment_bytes: u64) -> Result<Values> {
         let dir = store_dir.join(DIR);
-        fs::create_dir_all(&dir).map_err(fs_err(format!("cannot create {}", dir.display())))?;
+        fs::create_dir_all(&dir).map_err(fs_error(format!("cannot create {}", dir.display())))?;
         let index = db.open_tree(INDEX).map_err(io)?;
         let mut segments = BTreeMap::new();
-        for entry in fs::read_dir(&dir).map_err(fs_err(format!("cannot list {}", dir.display())))? {
-            let entry = entry.map_err(fs_err(format!("cannot list {}", dir.display())))?;
+        for entry in
+            fs::read_dir(&dir).map_err(fs_error(format!("cannot list {}", dir.display())))?
+        {
+            let entry = entry.map_err(fs_error(format!("cannot list {}", dir.display())))?;
             let name = entry.file_name();
             let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".seg")) else { continue };
             let Ok(id) = id.parse::<u32>() else { continue };
             let path = entry.path();
             let file =
-                File::open(&path).map_err(fs_err(format!("cannot open {}", path.display())))?;
+                File::open(&path).map_err(fs_error(format!("cannot open {}", path.display())))?;
             segments.insert(id, Arc::new(file));
         }
         let last = segments.keys().next_back().copied();
@@ -213,8 +209,8 @@ impl Values {
     /// whole frame, and indexes its frames.
     fn recover(&self, id: u32) -> Result<()> {
         let path = self.dir.join(segment_name(id));
-        let bytes = fs::read(&path).map_err(fs_err(format!("cannot read {}", path.display())))?;
-        let mut at = 0usize;
+        let bytes = fs::read(&path).map_err(fs_error(format!("cannot read {}", path.display())))?;
+        let (mut at, mut frames) = (0usize, Vec::new());
         while at + frame::HEADER <= bytes.len() {
             let header = frame::Header::parse(bytes[at..at + frame::HEADER].try_into().unwrap());
             let end = at as u64 + header.frame_len();
@@ -227,18 +223,24 @@ impl Values {
                 frame_len: header.frame_len() as u32,
                 raw: header.raw,
             };
-            if self.locate(&header.hash)?.is_none() {
-                self.index.insert(header.hash, &loc.encode()).map_err(io)?;
-            }
+            frames.push((header.hash, loc));
             at = end as usize;
         }
         if at < bytes.len() {
             let f = OpenOptions::new()
                 .write(true)
                 .open(&path)
-                .map_err(fs_err(format!("cannot open {}", path.display())))?;
-            f.set_len(at as u64).map_err(fs_err(format!("cannot truncate {}", path.display())))?;
-            f.sync_all().map_err(fs_err(format!("cannot sync {}", path.display())))?;
+                .map_err(fs_error(format!("cannot open {}", path.display())))?;
+            f.set_len(at as u64)
+                .map_err(fs_error(format!("cannot truncate {}", path.display())))?;
+            f.sync_all().map_err(fs_error(format!("cannot sync {}", path.display())))?;
+        }
+        // With the torn tail gone, a frame before a segment's end is whole: `holds` may
+        // judge an entry by its frame's header.
+        for (hash, loc) in frames {
+            if !self.holds(&hash)? {
+                self.index.insert(hash, &loc.encode()).map_err(io)?;
+            }
         }
         self.db.flush().map_err(io)?;
         Ok(())
@@ -249,7 +251,7 @@ impl Values {
         let segments = self.segments.read().expect("segments");
         let mut total = 0;
         for file in segments.values() {
-            total += file.metadata().map_err(fs_err("cannot stat a segment".into()))?.len();
+            total += file.metadata().map_err(fs_error("cannot stat a segment".into()))?.len();
         }
         Ok(total)
     }
@@ -268,13 +270,13 @@ impl Values {
     }
 
     /// Held by a writer from its first [`Values::put`] until its row is written.
-    pub fn pin(&self) -> RwLockReadGuard<'_, ()> {
+    pub fn pin(&self) -> Pin<'_> {
         self.pins.read().expect("pins")
     }
 
     /// Stores `value` (if its content is not stored yet) and returns its name. The caller
     /// holds a [`Values::pin`] until the row that refers to the name is written.
-    pub fn put(&self, _pin: &RwLockReadGuard<'_, ()>, value: &[u8]) -> Result<Hash> {
+    pub fn put(&self, _pin: &Pin<'_>, value: &[u8]) -> Result<Hash> {
         let hash = *blake3::hash(value).as_bytes();
         if self.marking.load(Ordering::SeqCst) {
             self.touched.lock().expect("touched").insert(short(&hash));
@@ -301,7 +303,7 @@ impl Values {
             if let Some(old) = active.take() {
                 // Sealed: its frames durable, and their index entries (written under this
                 // lock) flushed, so that opening need read no segment but the last.
-                old.file.sync_all().map_err(fs_err("cannot sync a segment".into()))?;
+                old.file.sync_all().map_err(fs_error("cannot sync a segment".into()))?;
                 self.db.flush().map_err(io)?;
             }
             *active = Some(self.create_segment()?);
@@ -310,7 +312,7 @@ impl Values {
         let loc = Loc { segment: a.id, offset: a.len, frame_len: frame.len() as u32, raw };
         (&*a.file)
             .write_all(frame)
-            .map_err(fs_err(format!("cannot append to segment {}", a.id)))?;
+            .map_err(fs_error(format!("cannot append to segment {}", a.id)))?;
         a.len += frame.len() as u64;
         match moving {
             None => {
@@ -336,50 +338,56 @@ impl Values {
             .create_new(true)
             .append(true)
             .open(&path)
-            .map_err(fs_err(format!("cannot create {}", path.display())))?;
-        let read = File::open(&path).map_err(fs_err(format!("cannot open {}", path.display())))?;
+            .map_err(fs_error(format!("cannot create {}", path.display())))?;
+        let read =
+            File::open(&path).map_err(fs_error(format!("cannot open {}", path.display())))?;
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
-            .map_err(fs_err(format!("cannot sync {}", self.dir.display())))?;
+            .map_err(fs_error(format!("cannot sync {}", self.dir.display())))?;
         self.segments.write().expect("segments").insert(id, Arc::new(read));
         Ok(Active { id, file: Arc::new(file), len: 0, synced: 0 })
     }
 
-    /// Where the index says `hash` is, if the frame there is whole and holds it (an entry a
-    /// crash left pointing past a segment's end, or at another frame, is no entry).
-    fn locate(&self, hash: &Hash) -> Result<Option<(Loc, Vec<u8>)>> {
-        let Some(raw) = self.index.get(hash).map_err(io)? else { return Ok(None) };
-        let loc = Loc::decode(&raw)?;
+    /// The index's entry for `hash`.
+    fn entry(&self, hash: &Hash) -> Result<Option<Loc>> {
+        self.index.get(hash).map_err(io)?.map(|raw| Loc::decode(&raw)).transpose()
+    }
+
+    /// `len` bytes from `loc`'s offset in its segment; `None` if the segment is gone (the
+    /// cleaner removed it) or ends before them (an entry a crash left past a torn tail).
+    fn read_at(&self, loc: &Loc, len: usize) -> Result<Option<Vec<u8>>> {
         let file = self.segments.read().expect("segments").get(&loc.segment).cloned();
         let Some(file) = file else { return Ok(None) };
-        let mut buf = vec![0; loc.frame_len as usize];
+        let mut buf = vec![0; len];
         match file.read_exact_at(&mut buf, loc.offset) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(fs_err(format!("cannot read segment {}", loc.segment))(e)),
+            Ok(()) => Ok(Some(buf)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(fs_error(format!("cannot read segment {}", loc.segment))(e)),
         }
-        let header = frame::Header::parse(buf[..frame::HEADER].try_into().expect("a header"));
-        if header.hash != *hash || !frame::whole(&buf) {
-            return Ok(None);
-        }
-        Ok(Some((loc, buf)))
+    }
+
+    /// The frame at `loc`, if it is there and whole.
+    fn frame_at(&self, loc: &Loc) -> Result<Option<Vec<u8>>> {
+        Ok(self.read_at(loc, loc.frame_len as usize)?.filter(|f| frame::whole(f)))
+    }
+
+    /// The frame the index says holds `hash`, if it is whole and holds it (an entry a crash
+    /// left pointing past a segment's end, or at another frame, is no entry).
+    fn locate(&self, hash: &Hash) -> Result<Option<Vec<u8>>> {
+        let Some(loc) = self.entry(hash)? else { return Ok(None) };
+        let frame = self.frame_at(&loc)?;
+        Ok(frame.filter(|f| {
+            frame::Header::parse(f[..frame::HEADER].try_into().expect("a header")).hash == *hash
+        }))
     }
 
     /// Whether the index has `hash` and the frame it points at is named so. Only the header
     /// is read: a frame before a segment's end is whole (opening cut the torn tail a crash
     /// left, and appends after it go to a new segment), so a put may name it.
     fn holds(&self, hash: &Hash) -> Result<bool> {
-        let Some(raw) = self.index.get(hash).map_err(io)? else { return Ok(false) };
-        let loc = Loc::decode(&raw)?;
-        let file = self.segments.read().expect("segments").get(&loc.segment).cloned();
-        let Some(file) = file else { return Ok(false) };
-        let mut buf = [0; frame::HEADER];
-        match file.read_exact_at(&mut buf, loc.offset) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
-            Err(e) => return Err(fs_err(format!("cannot read segment {}", loc.segment))(e)),
-        }
-        let header = frame::Header::parse(&buf);
+        let Some(loc) = self.entry(hash)? else { return Ok(false) };
+        let Some(buf) = self.read_at(&loc, frame::HEADER)? else { return Ok(false) };
+        let header = frame::Header::parse(buf[..].try_into().expect("a header"));
         Ok(header.hash == *hash && header.frame_len() == u64::from(loc.frame_len))
     }
 
@@ -387,7 +395,7 @@ impl Values {
     pub fn get(&self, hash: &Hash) -> Result<Option<Bytes>> {
         for _ in 0..READ_RETRIES {
             match self.locate(hash)? {
-                Some((_, buf)) => {
+                Some(buf) => {
                     let value = frame::decode(&buf).map_err(|e| corrupt(&e.to_string()))?;
                     return Ok(Some(Bytes::from(value)));
                 }
@@ -420,7 +428,7 @@ impl Values {
                 _ => return Ok(()),
             }
         };
-        file.sync_data().map_err(fs_err(format!("cannot sync segment {id}")))?;
+        file.sync_data().map_err(fs_error(format!("cannot sync segment {id}")))?;
         if let Some(a) = self.active.lock().expect("active").as_mut() {
             if a.id == id {
                 a.synced = a.synced.max(len);
