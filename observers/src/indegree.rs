@@ -15,8 +15,8 @@
 //!   redirect cell was rewritten (below).
 //! - **A page** (no redirect) reads its change rows `d:<url>\0<source>\0<ts>` (invert's ±1
 //!   per edge, or a 0 left by an alias as a mark to look at that source again; one row per
-//!   writing transaction, so each is written and deleted unchecked, and a run that folds any
-//!   writes `indeg:chain`, on which two runs folding the same rows conflict), and, if it has
+//!   writing transaction, so each is written unchecked; see "Taking the change rows"
+//!   below), and, if it has
 //!   aliases or sources counted through them, for each source its `x:` row and whether the
 //!   edge `e:<url>\0<source>` exists. It keeps
 //!   `indeg:base` (edges into the URL itself) and `indeg:extra` (sources that reach it only
@@ -45,10 +45,22 @@
 //!   for a cluster of one the forwarding of its names ([`crate::forward`]) when they changed.
 //! - Queues: the URL for the search index ([`crate::search`]) when it folded changes (an
 //!   edge came or went: its inlinks' anchors changed even when its count did not).
-//! - Twice is harmless: the change rows are deleted as they are folded; the outputs are
+//! - **Taking the change rows.** The URL keeps a mark, `indeg:folded`: every change row
+//!   committed before it was folded. A run that reads all of its rows folds those committed
+//!   at or after the mark, moves the mark to its own start timestamp (its snapshot holds
+//!   every row committed before it), and deletes the rows it read at its commit without
+//!   locking them ([`Transaction::delete_at_commit`]: the delete records go in after the
+//!   commit point, with the secondaries), since from the commit on the mark says they are
+//!   taken, and only this URL's runs read them. A row committed before the mark is one whose
+//!   delete a crash lost: it is skipped and deleted again. Every run that folds writes the
+//!   mark, so two runs folding the same rows conflict there. A change row so costs its
+//!   write (a prewrite and a commit), a delete record and the collection's removal: a
+//!   locked delete would add a prewrite, the largest of these writes.
+//! - Twice is harmless: the mark says which change rows were folded; the outputs are
 //!   written only when different.
 //! - **Bounded:** a page's run folds at most `fold_max` change rows (`index.indegree_fold_max`)
-//!   and, if it may have left some, notifies itself, so that a popular page's first run after a
+//!   and, if it may have left some, keeps the mark, deletes the rows it folded in its
+//!   transaction, and notifies itself, so that a popular page's first run after a
 //!   bulk load (tens of thousands of sources, each with its `x:` row and edge to read) is
 //!   several runs of bounded memory and size. A page's counts fold per row (the base adds up,
 //!   a source's `indeg:adds` is decided afresh from the cells each time), so any cut is
@@ -59,7 +71,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use perc_notify::ObserverError;
-use perc_txn::{RangeScan, Transaction};
+use perc_txn::{Found, RangeScan, Transaction};
 
 use crate::model::{self, col, rows, Forward, Meta};
 
@@ -104,15 +116,17 @@ pub async fn run(
     let restamp = before != stamp;
     let page = counting && chain.hops == 0;
     let ranges = Ranges::read(txn, url, counting.then_some(limit), page, restamp).await?;
-    let changes = if counting {
-        let (changes, more) = take_changes(txn, ranges.changes, limit)?;
-        if more {
+    let taken = if counting {
+        let mark = model::count_of(txn.get(row, col::FOLDED).await?)?;
+        let taken = take_changes(txn, ranges.changes, limit, mark)?;
+        if taken.more {
             txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
         }
-        changes
+        taken
     } else {
-        BTreeMap::new()
+        Taken::default()
     };
+    let (changes, mark) = (taken.changes, taken.mark);
     let folded = !changes.is_empty();
     if folded {
         // The edges into it changed, whatever its count did: so did the anchors its
@@ -135,10 +149,11 @@ pub async fn run(
         if counting || told > 0 {
             txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
         }
-    } else if folded {
-        // Written even when unchanged: two runs that fold the same change rows (deleted
-        // unchecked) must conflict, or both would count them.
-        txn.set(row.clone(), Bytes::from_static(col::CHAIN), stamp);
+    }
+    if folded {
+        // Written even when unchanged (by a run that leaves rows for later): two runs that
+        // fold the same change rows must conflict, or both would count them.
+        txn.set(row.clone(), Bytes::from_static(col::FOLDED), mark.to_string());
     }
     Ok(follow)
 }
@@ -153,7 +168,7 @@ async fn counted(txn: &Transaction, row: &Bytes) -> Result<bool, ObserverError> 
 /// alias rows and the URLs redirecting straight to it, each only if the run needs them.
 struct Ranges {
     /// The first change rows `d:<url>\0<source>\0<ts>`, if the URL is counted.
-    changes: Vec<(Bytes, Bytes)>,
+    changes: Vec<Found>,
     /// Its aliases (`a:<url>\0<alias>`), if it is a page.
     aliases: Vec<String>,
     /// The URLs redirecting straight to it (`r:<url>\0<source>`), if its stamp changed.
@@ -184,35 +199,63 @@ impl Ranges {
             scans.push(RangeScan::new(&r.0, &r.1, col::ALIAS_FROM));
         }
         // No scan asked for, no call made.
-        let mut found = txn.scan_each(&scans).await?.into_iter();
+        let mut found = txn.scan_each_found(&scans).await?.into_iter();
         let mut next =
             |wanted: bool| if wanted { found.next().unwrap_or_default() } else { Vec::new() };
+        let keys = |found: Vec<Found>| -> Vec<String> {
+            found.iter().filter_map(|f| model::child_key(&f.row).map(str::to_string)).collect()
+        };
         Ok(Ranges {
             changes: next(changes.is_some()),
-            aliases: model::child_keys_of(&next(aliases)),
-            redirecting: model::child_keys_of(&next(redirecting)),
+            aliases: keys(next(aliases)),
+            redirecting: keys(next(redirecting)),
         })
     }
 }
 
-/// Of a URL's first `limit` change rows (`rows`): source → net change of its edge; the rows
-/// are deleted here. And whether some may be left.
+/// What a run took from a URL's change rows ([`take_changes`]).
+#[derive(Default)]
+struct Taken {
+    /// Source → net change of its edges into the URL.
+    changes: BTreeMap<String, i64>,
+    /// The URL's `indeg:folded` after the run: every change row committed before it was
+    /// taken.
+    mark: i64,
+    /// Some rows may be left for a later run.
+    more: bool,
+}
+
+/// Takes the changes of a URL's first `limit` change rows (`rows`), those committed at or
+/// after `mark` (its `indeg:folded`); the older ones were taken by the run that wrote the
+/// mark, and only a crash after its commit left them. A run that read every row its snapshot
+/// holds moves the mark to its own start: every row it took is then dead by the mark, and is
+/// deleted at the commit without a lock. One that may have left some (`limit` reached) keeps
+/// the mark, and deletes the rows it took in its transaction (unchecked: every run that
+/// folds writes `indeg:folded`, so two runs folding the same rows conflict there).
 fn take_changes(
     txn: &mut Transaction,
-    rows: Vec<(Bytes, Bytes)>,
+    rows: Vec<Found>,
     limit: usize,
-) -> Result<(BTreeMap<String, i64>, bool), ObserverError> {
+    mark: i64,
+) -> Result<Taken, ObserverError> {
     let more = rows.len() >= limit;
     let mut changes = BTreeMap::new();
-    for (r, v) in rows {
-        if let Some(source) = model::delta_source(&r) {
-            *changes.entry(source.to_string()).or_default() += model::count_of(Some(v))?;
+    for found in rows {
+        let taken_before = i64::try_from(found.commit_ts.0).is_ok_and(|ts| ts < mark);
+        if !taken_before {
+            if let Some(source) = model::delta_source(&found.row) {
+                *changes.entry(source.to_string()).or_default() +=
+                    model::count_of(Some(found.value))?;
+            }
         }
-        // Unchecked: every run that folds change rows writes `indeg:chain` (see `observe`),
-        // so two runs folding the same rows conflict there.
-        txn.delete_unchecked(r, Bytes::from_static(col::DELTA));
+        if taken_before || !more {
+            txn.delete_at_commit(found.row, col::DELTA);
+        } else {
+            txn.delete_unchecked(found.row, Bytes::from_static(col::DELTA));
+        }
     }
-    Ok((changes, more))
+    let mark = if more { mark } else { txn.start_ts().0 as i64 };
+    Ok(Taken { changes, mark, more })
 }
 
 /// A page: fold the changes into its counts; after a spell as an alias, count afresh.

@@ -134,10 +134,18 @@ fn a_store_of_the_earlier_layout_is_moved_over_when_it_opens() {
 
         // A store marked with a later layout is refused, and left as it is.
         let mut t = app.client().begin().await.unwrap();
-        t.set(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::LAYOUT), "3");
+        let later = (perc_observers::LAYOUT + 1).to_string();
+        t.set(
+            Bytes::from_static(model::CONFIG_ROW),
+            Bytes::from_static(col::LAYOUT),
+            later.clone(),
+        );
         t.commit().await.unwrap();
         app.close().await.unwrap();
         let refused = open(&config).await.err().expect("a later layout is refused").to_string();
-        assert!(refused.contains("layout 3") && refused.contains("later perc"), "{refused}");
+        assert!(
+            refused.contains(&format!("layout {later}")) && refused.contains("later perc"),
+            "{refused}"
+        );
     });
 }

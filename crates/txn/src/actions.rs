@@ -279,6 +279,24 @@ fn commit_mutations(cells: &[(Bytes, WriteKind)], start_ts: Ts, commit_ts: Ts) -
     mutations
 }
 
+/// The delete records of cells deleted at commit without a lock
+/// ([`crate::Transaction::delete_at_commit`]): what committing a prewritten delete of each
+/// would leave, a delete record at `commit_ts` (there is no lock to take away).
+pub fn delete_records(cells: &[(Bytes, Bytes)], start_ts: Ts, commit_ts: Ts) -> Vec<RowMutation> {
+    let record = WriteRecord { kind: WriteKind::Delete, start_ts }.encode();
+    cells
+        .iter()
+        .map(|(row, column)| RowMutation {
+            row: row.clone(),
+            mutations: vec![Mutation::Put {
+                column: write_col(column),
+                ts: commit_ts,
+                value: record.clone(),
+            }],
+        })
+        .collect()
+}
+
 /// Commits secondaries after the primary committed, all rows in one batched call, with
 /// `also` (the transaction's after-commit bookkeeping) in the same call. Needs no condition:
 /// once the primary is committed, every resolver rolls these cells forward to the same

@@ -207,6 +207,7 @@ impl Client {
             weak: BTreeSet::new(),
             weak_if: BTreeMap::new(),
             after_commit: Vec::new(),
+            deletes_at_commit: Vec::new(),
             reads: Mutex::new(HashMap::new()),
         })
     }

@@ -73,6 +73,7 @@ impl Transaction {
         let mut weak = std::mem::take(&mut self.weak);
         let weak_if = std::mem::take(&mut self.weak_if);
         let after_commit = std::mem::take(&mut self.after_commit);
+        let deletes_at_commit = std::mem::take(&mut self.deletes_at_commit);
         let client = self.client.clone();
         let store = client.store().as_ref();
         let start_ts = self.start_ts;
@@ -166,7 +167,8 @@ impl Transaction {
                 .await?;
             return Ok(Outcome::Crashed(Crashed::AfterCommitPoint(commit_ts)));
         }
-        let after_commit = [older_notifications, after_commit].concat();
+        let deletes = actions::delete_records(&deletes_at_commit, start_ts, commit_ts);
+        let after_commit = [older_notifications, after_commit, deletes].concat();
         actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, after_commit).await?;
         Ok(Outcome::Committed(Some(commit_ts)))
     }

@@ -44,7 +44,7 @@ pub use commit::{CommitStep, Crashed};
 pub use error::{Retryable, TxnError};
 pub use liveness::{Liveness, ProcessKind};
 pub use record::{ClientId, LockRecord, WriteKind, WriteRecord};
-pub use scan::RangeScan;
+pub use scan::{Found, RangeScan};
 pub use transaction::{Probes, Transaction, Version};
 
 /// The families this layer needs in the store's schema.

@@ -31,6 +31,16 @@ impl<'a> RangeScan<'a> {
     }
 }
 
+/// A row a scan found: its value, and when that value was committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub row: Bytes,
+    /// The commit timestamp of the value; [`Ts::MAX`] for this transaction's own buffered
+    /// write (it commits after everything its snapshot holds).
+    pub commit_ts: Ts,
+    pub value: Bytes,
+}
+
 /// Whether a scan reads the values of the rows it finds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Values {
@@ -66,7 +76,7 @@ impl Transaction {
     ) -> Result<Vec<Bytes>, TxnError> {
         let range = RangeScan::new(start, end, column);
         let mut found = self.scan_pieces(&[range], Values::Skip).await?;
-        Ok(found.pop().unwrap_or_default().into_iter().map(|(row, _)| row).collect())
+        Ok(found.pop().unwrap_or_default().into_iter().map(|f| f.row).collect())
     }
 
     /// [`Self::scan`] of several ranges, in one scan call for all of them and one read of
@@ -89,6 +99,17 @@ impl Transaction {
         &self,
         ranges: &[RangeScan<'_>],
     ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
+        let found = self.scan_pieces(ranges, Values::Read).await?;
+        Ok(found.into_iter().map(|f| f.into_iter().map(|f| (f.row, f.value)).collect()).collect())
+    }
+
+    /// [`Self::scan_each`], with the commit timestamp of each value found: for a reader
+    /// that keeps its own mark of what it has taken from a range (the rows committed before
+    /// some timestamp), rather than deleting each row it took.
+    pub async fn scan_each_found(
+        &self,
+        ranges: &[RangeScan<'_>],
+    ) -> Result<Vec<Vec<Found>>, TxnError> {
         self.scan_pieces(ranges, Values::Read).await
     }
 
@@ -103,7 +124,7 @@ impl Transaction {
     ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
         let range = RangeScan::new(start, end, column).first(rows);
         let mut found = self.scan_pieces(&[range], Values::Read).await?;
-        Ok(found.pop().unwrap_or_default())
+        Ok(found.pop().unwrap_or_default().into_iter().map(|f| (f.row, f.value)).collect())
     }
 
     /// Each range read in pieces, each from where the last one stopped, until the range is
@@ -115,9 +136,9 @@ impl Transaction {
         &self,
         ranges: &[RangeScan<'_>],
         values: Values,
-    ) -> Result<Vec<Vec<(Bytes, Bytes)>>, TxnError> {
+    ) -> Result<Vec<Vec<Found>>, TxnError> {
         let most = self.client.config().scan_piece_cells.max(1);
-        let mut out: Vec<Vec<(Bytes, Bytes)>> = vec![Vec::new(); ranges.len()];
+        let mut out: Vec<Vec<Found>> = vec![Vec::new(); ranges.len()];
         // Per range still to read: where its next piece starts, and the piece's size.
         let mut todo: Vec<(usize, Bytes, usize)> = ranges
             .iter()
@@ -145,7 +166,7 @@ impl Transaction {
             {
                 // Rows from the cut on were not read whole: the next piece starts there.
                 out[i]
-                    .extend(found.into_iter().filter(|(r, _)| cut.as_ref().is_none_or(|c| r < c)));
+                    .extend(found.into_iter().filter(|f| cut.as_ref().is_none_or(|c| f.row < *c)));
                 match cut {
                     Some(cut) if out[i].len() < ranges[i].rows => {
                         let grown = size.saturating_mul(4);
@@ -167,7 +188,7 @@ impl Transaction {
         &self,
         ranges: &[(RangeScan<'_>, usize)],
         values: Values,
-    ) -> Result<(Vec<Vec<(Bytes, Bytes)>>, Vec<Option<Bytes>>), TxnError> {
+    ) -> Result<(Vec<Vec<Found>>, Vec<Option<Bytes>>), TxnError> {
         if ranges.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
@@ -188,7 +209,7 @@ impl Transaction {
         // Per range: cells locked at or below start_ts, read one by one (which waits on or
         // resolves the lock exactly as `get` does), and the newest committed record at or
         // below start_ts of each other row (cells come newest first).
-        let mut per_range: Vec<(BTreeSet<Bytes>, BTreeMap<Bytes, WriteRecord>)> = Vec::new();
+        let mut per_range: Vec<(BTreeSet<Bytes>, Newest)> = Vec::new();
         for (r, cells) in ranges {
             let (locks, writes) = (scanned.next(), scanned.next());
             // A family read up to its limit stopped at its last row, or before.
@@ -204,7 +225,7 @@ impl Transaction {
                     locked.insert(c.row);
                 }
             }
-            let mut newest: BTreeMap<Bytes, WriteRecord> = BTreeMap::new();
+            let mut newest = Newest::new();
             for c in writes.into_iter().flatten() {
                 if c.qualifier.as_ref() != r.column
                     || c.ts > self.start_ts
@@ -215,28 +236,34 @@ impl Transaction {
                 }
                 let record = WriteRecord::decode(&c.value)?;
                 if record.kind != WriteKind::Rollback {
-                    newest.insert(c.row, record);
+                    newest.insert(c.row, (record, c.ts));
                 }
             }
             per_range.push((locked, newest));
         }
         // The values of every range's puts, in one read.
-        let puts: Vec<(usize, Bytes, Ts)> = per_range
+        let puts: Vec<Put> = per_range
             .iter_mut()
             .enumerate()
             .flat_map(|(i, (_, newest))| {
                 std::mem::take(newest)
                     .into_iter()
-                    .filter(|(_, r)| r.kind == WriteKind::Put)
-                    .map(move |(row, r)| (i, row, r.start_ts))
+                    .filter(|(_, (r, _))| r.kind == WriteKind::Put)
+                    .map(move |(row, (r, commit_ts))| Put {
+                        range: i,
+                        row,
+                        start_ts: r.start_ts,
+                        commit_ts,
+                    })
             })
             .collect();
         let columns: Vec<&[u8]> = ranges.iter().map(|(r, _)| r.column).collect();
         let mut found = read_puts(store.as_ref(), &columns, puts, values).await?;
         for (i, (locked, _)) in per_range.into_iter().enumerate() {
             for row in locked {
-                let v = self.get(&row, ranges[i].0.column).await?;
-                found[i].insert(row, v);
+                let cell = (row.clone(), Bytes::copy_from_slice(ranges[i].0.column));
+                let version = self.versions(&[cell]).await?.pop().flatten();
+                found[i].insert(row, version.and_then(|v| Some((v.commit_ts, v.value?))));
             }
         }
         for ((r, _), found) in ranges.iter().zip(found.iter_mut()) {
@@ -245,30 +272,49 @@ impl Transaction {
                     && row.as_ref() >= r.start
                     && (r.end.is_empty() || row.as_ref() < r.end)
                 {
-                    found.insert(row.clone(), v.clone());
+                    found.insert(row.clone(), v.clone().map(|v| (Ts::MAX, v)));
                 }
             }
         }
         let found = found
             .into_iter()
-            .map(|f| f.into_iter().filter_map(|(row, v)| v.map(|v| (row, v))).collect())
+            .map(|f| {
+                f.into_iter()
+                    .filter_map(|(row, v)| {
+                        v.map(|(commit_ts, value)| Found { row, commit_ts, value })
+                    })
+                    .collect()
+            })
             .collect();
         Ok((found, cuts))
     }
 }
 
-/// The values of the puts `(range, row, start_ts)` found by a range scan, in one read, by
-/// range; with [`Values::Skip`], an empty value each. `columns` are the ranges' columns.
+/// Per row of a range, its newest committed record in the snapshot and that record's
+/// timestamp (its commit's).
+type Newest = BTreeMap<Bytes, (WriteRecord, Ts)>;
+
+/// A committed put a range scan found: in which of the ranges, where, and when.
+struct Put {
+    range: usize,
+    row: Bytes,
+    start_ts: Ts,
+    commit_ts: Ts,
+}
+
+/// Per range, the values of the puts found by a range scan with their commit timestamps,
+/// in one read; with [`Values::Skip`], an empty value each. `columns` are the ranges'
+/// columns.
 async fn read_puts(
     store: &dyn perc_store::Store,
     columns: &[&[u8]],
-    puts: Vec<(usize, Bytes, Ts)>,
+    puts: Vec<Put>,
     values: Values,
-) -> Result<Vec<BTreeMap<Bytes, Option<Bytes>>>, TxnError> {
-    let mut found: Vec<BTreeMap<Bytes, Option<Bytes>>> = vec![BTreeMap::new(); columns.len()];
+) -> Result<Vec<BTreeMap<Bytes, Option<(Ts, Bytes)>>>, TxnError> {
+    let mut found: Vec<BTreeMap<Bytes, Option<(Ts, Bytes)>>> = vec![BTreeMap::new(); columns.len()];
     if values == Values::Skip {
-        for (i, row, _) in puts {
-            found[i].insert(row, Some(Bytes::new()));
+        for p in puts {
+            found[p.range].insert(p.row, Some((p.commit_ts, Bytes::new())));
         }
         return Ok(found);
     }
@@ -279,20 +325,21 @@ async fn read_puts(
     let data: Vec<_> = columns.iter().map(|c| data_col(&Bytes::copy_from_slice(c))).collect();
     let reads: Vec<RowRead> = puts
         .iter()
-        .map(|(i, row, ts)| RowRead {
-            row: row.clone(),
-            reads: vec![ColumnRead::newest(data[*i].clone(), TsRange::at(*ts))],
+        .map(|p| RowRead {
+            row: p.row.clone(),
+            reads: vec![ColumnRead::newest(data[p.range].clone(), TsRange::at(p.start_ts))],
         })
         .collect();
-    for ((i, row, ts), mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
+    for (p, mut got) in puts.into_iter().zip(store.read_rows(&reads).await?) {
         let cell = got.remove(0).pop().ok_or_else(|| {
             TxnError::Corrupt(format!(
-                "{}/{}: no data at {ts} for its write record",
-                error::show(&row),
-                error::show(&data[i].qualifier)
+                "{}/{}: no data at {} for its write record",
+                error::show(&p.row),
+                error::show(&data[p.range].qualifier),
+                p.start_ts
             ))
         })?;
-        found[i].insert(row, Some(cell.value));
+        found[p.range].insert(p.row, Some((p.commit_ts, cell.value)));
     }
     Ok(found)
 }

@@ -34,6 +34,8 @@ pub struct Transaction {
     /// Bookkeeping outside the transaction, applied once it has committed (see
     /// [`Self::after_commit`]).
     pub(crate) after_commit: Vec<RowMutation>,
+    /// Cells deleted at commit without a lock (see [`Self::delete_at_commit`]).
+    pub(crate) deletes_at_commit: Vec<(Bytes, Bytes)>,
     /// Snapshot reads already resolved. A snapshot never changes once its locks are
     /// resolved, so each cell is read from the store at most once per transaction.
     pub(crate) reads: Mutex<HashMap<(Bytes, Bytes), Option<Version>>>,
@@ -250,6 +252,26 @@ impl Transaction {
     /// atomically with the transaction's writes.
     pub fn after_commit(&mut self, mutation: RowMutation) {
         self.after_commit.push(mutation);
+    }
+
+    /// Deletes `(row, column)` at this transaction's commit without taking a lock on it:
+    /// its delete record is written after the commit point, with the secondaries, and a
+    /// crash there loses it. For a queue whose one consumer keeps, in a cell this
+    /// transaction writes, its own mark of what it took (the rows committed before some
+    /// timestamp, found with [`Self::scan_each_found`]): a row taken is dead by that mark
+    /// from the commit on, so its delete needs no prewrite, and a lost one leaves a row the
+    /// mark still says was taken. The committed record is what a delete's commit writes, so
+    /// a late roll-forward of the row's writer stays under it and the collection removes
+    /// the row as any deleted one. Dropped if the transaction writes nothing (it then has
+    /// no commit).
+    pub fn delete_at_commit(&mut self, row: Bytes, column: &[u8]) {
+        self.deletes_at_commit.push((row, Bytes::copy_from_slice(column)));
+    }
+
+    /// The cells buffered for [`Self::delete_at_commit`], in the order given. For tests and
+    /// diagnostics.
+    pub fn buffered_deletes_at_commit(&self) -> &[(Bytes, Bytes)] {
+        &self.deletes_at_commit
     }
 
     /// Buffers a weak notification of `(row, column)`: set at commit without a write, so

@@ -34,12 +34,16 @@
 //!                                       inlinks are counted at
 //!                          indeg:chain  commit timestamps of the        indegree
 //!                                       redirects its chain read
+//!                          indeg:folded every change row (d:) of the    indegree
+//!                                       URL committed before this
+//!                                       timestamp is folded
 //!   e:<target>\0<source>   edge:anchor                                  invert
 //!   d:<target>\0<source>\0<ts>                                          invert, indegree
-//!                          indeg:delta  +1/-1: an edge not yet counted, (which folds and
-//!                                       or 0: look at this source       deletes them);
-//!                                       again; one row per writing      <ts>: the writer's
-//!                                       transaction                     start_ts
+//!                          indeg:delta  +1/-1: an edge not yet counted, (which folds them
+//!                                       or 0: look at this source       and deletes them
+//!                                       again; one row per writing      at its commit);
+//!                                       transaction                     <ts>: the writer's
+//!                                                                       start_ts
 //!   x:<page>\0<source>     indeg:via    how many of the page's aliases  indegree (the
 //!                                       the source links to             aliases' runs)
 //!                          indeg:adds   set: the source counts through  indegree (the
@@ -157,6 +161,7 @@ pub mod col {
     pub const EXTRA: &[u8] = b"indeg:extra";
     pub const ALIAS_OF: &[u8] = b"indeg:alias_of";
     pub const CHAIN: &[u8] = b"indeg:chain";
+    pub const FOLDED: &[u8] = b"indeg:folded";
     pub const VIA: &[u8] = b"indeg:via";
     pub const ADDS: &[u8] = b"indeg:adds";
     pub const ALIAS: &[u8] = b"indeg:alias";
@@ -205,7 +210,8 @@ pub fn edge(target: &str, source: &str) -> Bytes {
 
 /// A row holding a not yet counted change of the edges from `source` into `target`, written
 /// by the transaction that started at `start_ts`: unique to it, so that writing it needs no
-/// conflict check (`set_unchecked`), and deleted by the target's indegree run that folds it.
+/// conflict check (`set_unchecked`), and taken by the target's indegree run that folds it
+/// (see [`crate::indegree`]).
 pub fn delta(target: &str, source: &str, start_ts: u64) -> Bytes {
     Bytes::from(format!("{}{target}\0{source}\0{start_ts:016x}", DELTAS.prefix()))
 }
