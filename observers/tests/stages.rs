@@ -348,21 +348,30 @@ fn forward_gives_the_canonical_every_members_names() {
     });
 }
 
+/// An edge from `source` into B and its change row (+1, written at `ts`), as invert leaves
+/// them.
+fn link_into_b(t: &mut Transaction, source: &str, anchor: &str, ts: u64) {
+    t.set(model::edge(B, source), Bytes::from_static(col::EDGE), anchor.to_string());
+    t.set(model::delta(B, source, ts), Bytes::from_static(col::DELTA), "1");
+}
+
+/// B's `page:meta`: a page, as parse leaves it.
+fn b_is_a_page(t: &mut Transaction) {
+    t.set(model::page(B), Bytes::from_static(col::META), page_meta("b"));
+}
+
 /// A page with two change rows (+1 from A, +1 from C): its counts, names and what follows.
 #[test]
 fn indegree_folds_a_pages_changes_and_returns_what_follows() {
     rt().block_on(async {
         let c = client().await;
         let page = model::page(B);
-        let meta = page_meta("b");
         given(&c, |t| {
-            t.set(page.clone(), Bytes::from_static(col::META), meta.clone());
+            b_is_a_page(t);
             t.set(page.clone(), Bytes::from_static(col::HASH_REGISTERED), "h1");
             t.set(page.clone(), Bytes::from_static(col::ALONE), "h1");
-            t.set(model::edge(B, A), Bytes::from_static(col::EDGE), "to b");
-            t.set(model::edge(B, C), Bytes::from_static(col::EDGE), "b");
-            t.set(model::delta(B, A, 1), Bytes::from_static(col::DELTA), "1");
-            t.set(model::delta(B, C, 2), Bytes::from_static(col::DELTA), "1");
+            link_into_b(t, A, "to b", 1);
+            link_into_b(t, C, "b", 2);
         })
         .await;
         first_run(&c, "indegree", async |t| {
@@ -390,19 +399,16 @@ fn indegree_does_not_fold_again_a_change_row_older_than_its_mark() {
     rt().block_on(async {
         let c = client().await;
         let page = model::page(B);
-        let meta = page_meta("b");
         given(&c, |t| {
-            t.set(page.clone(), Bytes::from_static(col::META), meta.clone());
+            b_is_a_page(t);
             t.set(page.clone(), Bytes::from_static(col::BASE), "1");
-            t.set(model::edge(B, A), Bytes::from_static(col::EDGE), "to b");
-            t.set(model::delta(B, A, 1), Bytes::from_static(col::DELTA), "1");
+            link_into_b(t, A, "to b", 1);
         })
         .await;
         let mark = c.begin().await.unwrap().start_ts().0;
         given(&c, |t| {
             t.set(page.clone(), Bytes::from_static(col::FOLDED), mark.to_string());
-            t.set(model::edge(B, C), Bytes::from_static(col::EDGE), "b");
-            t.set(model::delta(B, C, 2), Bytes::from_static(col::DELTA), "1");
+            link_into_b(t, C, "b", 2);
         })
         .await;
         let mut t = c.begin().await.unwrap();

@@ -81,21 +81,27 @@ async fn as_the_earlier_layout(app: &Pipeline) {
     t.commit().await.unwrap();
 }
 
+/// A sled store in `dir` crawled from A until quiet: its configuration, the pipeline and its
+/// export.
+async fn crawled_from_a(dir: &std::path::Path) -> (Config, Pipeline, Vec<String>) {
+    let mut config = Config::defaults();
+    config.store.backend = Backend::Sled;
+    config.store.data = dir.join("data").display().to_string();
+    let app = open(&config).await.unwrap();
+    let scope =
+        CrawlScope { seeds: vec![A.into()], prefixes: vec![], max_depth: 5, max_redirects: 5 };
+    perc_observers::seed(app.client(), &[Url::parse(A).unwrap()], &scope).await.unwrap();
+    app.engine().run_until_quiet().await.unwrap();
+    let crawled = app.export_jsonl().await.unwrap();
+    (config, app, crawled)
+}
+
 #[test]
 fn a_store_of_the_earlier_layout_is_moved_over_when_it_opens() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let tmp = tempfile::tempdir().unwrap();
-        let mut config = Config::defaults();
-        config.store.backend = Backend::Sled;
-        config.store.data = tmp.path().join("data").display().to_string();
-
-        let app = open(&config).await.unwrap();
-        let scope =
-            CrawlScope { seeds: vec![A.into()], prefixes: vec![], max_depth: 5, max_redirects: 5 };
-        perc_observers::seed(app.client(), &[Url::parse(A).unwrap()], &scope).await.unwrap();
-        app.engine().run_until_quiet().await.unwrap();
-        let crawled = app.export_jsonl().await.unwrap();
+        let (config, app, crawled) = crawled_from_a(tmp.path()).await;
         assert_eq!(crawled.len(), 3, "{crawled:#?}");
         let states = cells(&app, &rows::FETCHES, col::FETCH_STATE).await;
         assert_eq!(states.len(), 3, "{states:?}");
@@ -147,5 +153,46 @@ fn a_store_of_the_earlier_layout_is_moved_over_when_it_opens() {
             refused.contains(&format!("layout {later}")) && refused.contains("later perc"),
             "{refused}"
         );
+    });
+}
+
+/// A store of layout 2 (change rows deleted in the folding run's transaction, no mark kept)
+/// is marked as of this layout with nothing moved: a URL without a mark folds every change
+/// row it sees (here one left for B, with its edge, as a layout-2 parse run would have).
+#[test]
+fn a_store_of_layout_2_is_marked_and_indexes_on() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let (config, app, crawled) = crawled_from_a(tmp.path()).await;
+        let marks = cells(&app, &rows::PAGES, col::FOLDED).await;
+        assert!(!marks.is_empty(), "the crawl's in-degree runs keep marks");
+        let mut t = app.client().begin().await.unwrap();
+        for (url, _) in &marks {
+            t.delete(model::page(url), Bytes::from_static(col::FOLDED));
+        }
+        t.set(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::LAYOUT), "2");
+        let x = "http://site.test/x";
+        t.set_unchecked(model::edge(B, x), Bytes::from_static(col::EDGE), "from x");
+        let ts = t.start_ts().0;
+        t.set_unchecked(model::delta(B, x, ts), Bytes::from_static(col::DELTA), "1");
+        t.notify(model::page(B), Bytes::from_static(col::INDEG_DIRTY));
+        t.commit().await.unwrap();
+        app.close().await.unwrap();
+
+        let app = open(&config).await.unwrap();
+        let t = app.client().begin().await.unwrap();
+        let layout = t.get(model::CONFIG_ROW, col::LAYOUT).await.unwrap();
+        assert_eq!(layout.as_deref(), Some(perc_observers::LAYOUT.to_string().as_bytes()));
+        drop(t);
+        app.engine().run_until_quiet().await.unwrap();
+        let in_degree = |lines: &[String]| -> serde_json::Value {
+            let line = lines.iter().find(|l| l.contains(&format!("\"url\":\"{B}\""))).unwrap();
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["in_degree"].clone()
+        };
+        let before = in_degree(&crawled).as_u64().unwrap();
+        let now = app.export_jsonl().await.unwrap();
+        assert_eq!(in_degree(&now).as_u64(), Some(before + 1), "{now:#?}");
+        app.close().await.unwrap();
     });
 }

@@ -88,14 +88,20 @@ fn a_consumer_takes_rows_by_its_mark_and_deletes_them_without_locks() {
     });
 }
 
+/// A client whose queue holds one row, `q:0`.
+async fn with_a_row_queued() -> perc_txn::Client {
+    let (_, c) = common::counted_client().await;
+    let mut t = c.begin().await.unwrap();
+    t.set_unchecked("q:0", "v", "0");
+    t.set("w", "n", "1");
+    t.commit().await.unwrap();
+    c
+}
+
 #[test]
 fn a_transaction_that_writes_nothing_deletes_nothing_at_commit() {
     rt().block_on(async {
-        let (_, c) = common::counted_client().await;
-        let mut t = c.begin().await.unwrap();
-        t.set_unchecked("q:0", "v", "0");
-        t.set("w", "n", "1");
-        t.commit().await.unwrap();
+        let c = with_a_row_queued().await;
         let mut consumer = c.begin().await.unwrap();
         consumer.delete_at_commit(Bytes::from("q:0"), b"v");
         assert_eq!(consumer.commit().await.unwrap(), None);
@@ -109,11 +115,7 @@ fn a_transaction_that_writes_nothing_deletes_nothing_at_commit() {
 #[test]
 fn a_crash_after_the_commit_point_loses_only_the_deletes() {
     rt().block_on(async {
-        let (_, c) = common::counted_client().await;
-        let mut t = c.begin().await.unwrap();
-        t.set_unchecked("q:0", "v", "0");
-        t.set("w", "n", "1");
-        t.commit().await.unwrap();
+        let c = with_a_row_queued().await;
         let mut consumer = c.begin().await.unwrap();
         let mark = consumer.start_ts();
         consumer.set("mark", "folded", mark.0.to_string());
