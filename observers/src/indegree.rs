@@ -117,7 +117,8 @@ pub async fn run(
     let page = counting && chain.hops == 0;
     let ranges = Ranges::read(txn, url, counting.then_some(limit), page, restamp).await?;
     let taken = if counting {
-        let mark = model::count_of(txn.get(row, col::FOLDED).await?)?;
+        let mark = u64::try_from(model::count_of(txn.get(row, col::FOLDED).await?)?)
+            .map_err(|e| IndexError::corrupt("indeg:folded", e))?;
         let taken = take_changes(txn, ranges.changes, limit, mark)?;
         if taken.more {
             txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
@@ -202,9 +203,7 @@ impl Ranges {
         let mut found = txn.scan_each_found(&scans).await?.into_iter();
         let mut next =
             |wanted: bool| if wanted { found.next().unwrap_or_default() } else { Vec::new() };
-        let keys = |found: Vec<Found>| -> Vec<String> {
-            found.iter().filter_map(|f| model::child_key(&f.row).map(str::to_string)).collect()
-        };
+        let keys = |found: Vec<Found>| model::child_keys_of(found.iter().map(|f| &f.row));
         Ok(Ranges {
             changes: next(changes.is_some()),
             aliases: keys(next(aliases)),
@@ -220,7 +219,7 @@ struct Taken {
     changes: BTreeMap<String, i64>,
     /// The URL's `indeg:folded` after the run: every change row committed before it was
     /// taken.
-    mark: i64,
+    mark: u64,
     /// Some rows may be left for a later run.
     more: bool,
 }
@@ -236,12 +235,12 @@ fn take_changes(
     txn: &mut Transaction,
     rows: Vec<Found>,
     limit: usize,
-    mark: i64,
+    mark: u64,
 ) -> Result<Taken, ObserverError> {
     let more = rows.len() >= limit;
     let mut changes = BTreeMap::new();
     for found in rows {
-        let taken_before = i64::try_from(found.commit_ts.0).is_ok_and(|ts| ts < mark);
+        let taken_before = found.commit_ts.0 < mark;
         if !taken_before {
             if let Some(source) = model::delta_source(&found.row) {
                 *changes.entry(source.to_string()).or_default() +=
@@ -254,7 +253,7 @@ fn take_changes(
             txn.delete_unchecked(found.row, Bytes::from_static(col::DELTA));
         }
     }
-    let mark = if more { mark } else { txn.start_ts().0 as i64 };
+    let mark = if more { mark } else { txn.start_ts().0 };
     Ok(Taken { changes, mark, more })
 }
 

@@ -10,7 +10,9 @@
 //! This crate is patched in for zstd 0.9 (`[patch.crates-io]` in the workspace manifest) and
 //! gives sled the same three functions over zstd 0.13, with one compression and one
 //! decompression context kept per thread. The frames are standard zstd frames, the same as
-//! zstd 0.9 wrote, so a store written by either reads with the other.
+//! zstd 0.9 wrote, so a store written by either reads with the other. perc's value log
+//! (crates/store/src/values) compresses its frames with the same functions, and so the same
+//! contexts.
 
 use std::cell::RefCell;
 use std::io::{self, Read};

@@ -36,7 +36,6 @@ pub mod sled_backend;
 mod sled_compact;
 mod sled_open;
 mod values;
-mod zstd_ctx;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

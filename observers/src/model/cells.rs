@@ -32,12 +32,12 @@ pub async fn child_keys(
     column: &[u8],
 ) -> Result<Vec<String>, TxnError> {
     let (start, end) = children(kind, key);
-    Ok(child_keys_of(&txn.scan(&start, &end, column).await?))
+    Ok(child_keys_of(txn.scan(&start, &end, column).await?.iter().map(|(row, _)| row)))
 }
 
-/// The child keys of scanned child rows (see [`child_key`]).
-pub fn child_keys_of(rows: &[(Bytes, Bytes)]) -> Vec<String> {
-    rows.iter().filter_map(|(r, _)| child_key(r).map(str::to_string)).collect()
+/// The child keys of the child rows `rows` (see [`child_key`]).
+pub fn child_keys_of<'a>(rows: impl IntoIterator<Item = &'a Bytes>) -> Vec<String> {
+    rows.into_iter().filter_map(|r| child_key(r).map(str::to_string)).collect()
 }
 
 /// Every edge whose target is one of `names`, sorted by (from, to): a prefix scan of the

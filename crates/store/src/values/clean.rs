@@ -21,8 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use super::{short, Hash, Loc, Referenced, Values};
-use crate::sled_open::fs_error;
-use crate::sled_open::io;
+use crate::sled_open::{fs_error, io};
 use crate::Result;
 
 /// What a cleaning pass did.
@@ -62,6 +61,12 @@ pub(crate) fn crash_point(name: &str) {
     }
     #[cfg(not(feature = "failpoints"))]
     let _ = name;
+}
+
+/// An index entry: the value's name and where its frame is.
+fn decode_entry(key: &[u8], raw: &[u8]) -> Result<(Hash, Loc)> {
+    let hash: Hash = key.try_into().map_err(|_| super::corrupt("a name"))?;
+    Ok((hash, Loc::decode(raw)?))
 }
 
 impl Values {
@@ -110,8 +115,7 @@ impl Values {
         let mut live_bytes: BTreeMap<u32, u64> = BTreeMap::new();
         for entry in self.index.iter() {
             let (key, raw) = entry.map_err(io)?;
-            let loc = Loc::decode(&raw)?;
-            let hash: Hash = key.as_ref().try_into().map_err(|_| super::corrupt("a name"))?;
+            let (hash, loc) = decode_entry(&key, &raw)?;
             let name = short(&hash);
             let keep = live.binary_search(&name).is_ok()
                 || self.touched_or_dropped(&key, &raw, name, report)?;
@@ -138,11 +142,10 @@ impl Values {
         if !doomed.is_empty() {
             for entry in self.index.iter() {
                 let (key, raw) = entry.map_err(io)?;
-                let loc = Loc::decode(&raw)?;
+                let (hash, loc) = decode_entry(&key, &raw)?;
                 if doomed.binary_search(&loc.segment).is_err() {
                     continue;
                 }
-                let hash: Hash = key.as_ref().try_into().map_err(|_| super::corrupt("a name"))?;
                 let Some(bytes) = self.frame_at(&loc)? else { continue };
                 self.append(&hash, &bytes, loc.raw, Some(&loc))?;
                 report.moved += 1;

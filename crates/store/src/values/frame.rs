@@ -14,7 +14,6 @@
 //! a segment's last write short: recovery keeps the segment up to the frame before it.
 
 use super::Hash;
-use crate::zstd_ctx;
 
 /// Bytes before a frame's payload.
 pub(crate) const HEADER: usize = 4 + 32 + 4 + 4 + 1;
@@ -24,7 +23,8 @@ const ZSTD: u8 = 1;
 
 /// The frame of `value`, named `hash`, compressed at zstd `level` when that makes it smaller.
 pub(crate) fn encode(hash: &Hash, value: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
-    let compressed = zstd_ctx::compress(value, level)?;
+    // The thread's zstd context, shared with sled's log (crates/sled-zstd).
+    let compressed = zstd::block::compress(value, level)?;
     let (codec, payload) =
         if compressed.len() < value.len() { (ZSTD, &compressed[..]) } else { (RAW, value) };
     let mut out = Vec::with_capacity(HEADER + payload.len());
@@ -84,7 +84,13 @@ pub(crate) fn decode(frame: &[u8]) -> std::io::Result<Vec<u8>> {
     let payload = &frame[HEADER..];
     match header.codec {
         RAW => Ok(payload.to_vec()),
-        _ => zstd_ctx::decompress(payload, header.raw as usize),
+        _ => {
+            let value = zstd::block::decompress(payload, header.raw as usize)?;
+            if value.len() != header.raw as usize {
+                return Err(std::io::Error::other("a frame's value is not its stated length"));
+            }
+            Ok(value)
+        }
     }
 }
 
