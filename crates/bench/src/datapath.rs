@@ -251,13 +251,14 @@ pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
     println!("# perc-bench datapath (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
     let tmp = tempfile::tempdir()?;
     let files = if warcs.is_empty() { default_webs(scale, tmp.path())? } else { warcs.to_vec() };
-    // Each web twice: as configured by default, and with sled's log compressed
-    // (`store.zstd_level = 1`), so that the cost and the gain of compression show side by side.
+    // Each web twice: as configured by default (sled's log compressed, `store.zstd_level = 1`),
+    // and with it not compressed (`0`), so that the cost and the gain of compression show side
+    // by side.
     let mut all: Vec<Figures> = Vec::new();
     for f in &files {
         let args = [std::ffi::OsStr::new("datapath-one"), f.as_os_str()];
         all.push(in_a_child(&args, &[])?);
-        all.push(in_a_child(&args, &[("PERC_STORE_ZSTD_LEVEL", "1")])?);
+        all.push(in_a_child(&args, &[("PERC_STORE_ZSTD_LEVEL", "0")])?);
     }
     for f in &all {
         print(f);

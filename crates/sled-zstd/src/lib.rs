@@ -1,4 +1,4 @@
-//! sled's compression, without a new zstd context per call.
+//! sled's compression, without a new zstd context per call, and without coding literals.
 //!
 //! sled 0.34 compresses every message it writes to its log (with `use_compression`) by
 //! calling zstd 0.9's one-shot `block::compress`, and decompresses with `block::decompress`
@@ -9,38 +9,66 @@
 //!
 //! This crate is patched in for zstd 0.9 (`[patch.crates-io]` in the workspace manifest) and
 //! gives sled the same three functions over zstd 0.13, with one compression and one
-//! decompression context kept per thread. The frames are standard zstd frames, the same as
-//! zstd 0.9 wrote, so a store written by either reads with the other. perc's value log
-//! (crates/store/src/values) compresses its frames with the same functions, and so the same
-//! contexts.
+//! decompression context kept per thread. The frames are standard zstd frames, which any zstd
+//! reads, so a store written by zstd 0.9 reads with this crate and the other way round.
+//!
+//! sled's messages are small (a node's fragment, a few hundred bytes to a few KiB), and for
+//! them the Huffman table of the literals (the bytes no earlier match covers) costs more than
+//! it saves: with it, building the tables was a sixth of the std docs replay's CPU, and the
+//! replay ran at 0.76 of its uncompressed speed; with the literals stored raw, at 0.90, for
+//! sled's log the same size within its run-to-run spread (a `perf` profile and
+//! `perc replay`, alternating runs in one sitting). So sled's entry point stores literals raw;
+//! perc's value log, whose frames are whole page bodies, codes them ([`compress`] with
+//! [`Literals::Coded`]).
 
 use std::cell::RefCell;
 use std::io::{self, Read};
 
 use zstd_real::bulk::{Compressor, Decompressor};
+use zstd_real::zstd_safe::{CParameter, ParamSwitch};
 
 thread_local! {
     static COMPRESSOR: RefCell<Option<Compressor<'static>>> = const { RefCell::new(None) };
     static DECOMPRESSOR: RefCell<Option<Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
+/// How a frame's literals, the bytes no earlier match covers, are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Literals {
+    /// As they are: no table to build, for messages too small to repay one.
+    Raw,
+    /// Huffman-coded when zstd judges it pays (its default).
+    Coded,
+}
+
+/// Compresses `data` at `level` into one frame (which records the content size), with the
+/// thread's context.
+pub fn compress(data: &[u8], level: i32, literals: Literals) -> io::Result<Vec<u8>> {
+    COMPRESSOR.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let compressor = match slot.as_mut() {
+            Some(c) => {
+                c.set_compression_level(level)?;
+                c
+            }
+            None => slot.insert(Compressor::new(level)?),
+        };
+        let mode = match literals {
+            Literals::Raw => ParamSwitch::Disable,
+            Literals::Coded => ParamSwitch::Auto,
+        };
+        compressor.set_parameter(CParameter::LiteralCompressionMode(mode))?;
+        compressor.compress(data)
+    })
+}
+
 /// zstd 0.9's `block` module: one-shot compression of a buffer into one frame.
 pub mod block {
     use super::*;
 
-    /// Compresses `data` at `level` into one frame (which records the content size).
+    /// Compresses `data` at `level` into one frame, its literals raw: sled's messages.
     pub fn compress(data: &[u8], level: i32) -> io::Result<Vec<u8>> {
-        COMPRESSOR.with(|slot| {
-            let mut slot = slot.borrow_mut();
-            let compressor = match slot.as_mut() {
-                Some(c) => {
-                    c.set_compression_level(level)?;
-                    c
-                }
-                None => slot.insert(Compressor::new(level)?),
-            };
-            compressor.compress(data)
-        })
+        super::compress(data, level, Literals::Raw)
     }
 
     /// Decompresses one frame of at most `capacity` bytes.
@@ -106,6 +134,28 @@ mod tests {
             assert_eq!(stream::decode_all(&theirs[..]).unwrap(), text);
         }
         assert_eq!(stream::decode_all(&block::compress(b"", 1).unwrap()[..]).unwrap(), b"");
+    }
+
+    #[test]
+    fn literals_raw_for_sled_coded_when_asked() {
+        // Text with no repeats is all literals: coded, each letter takes ~5 bits of 8.
+        let mut x: u32 = 7;
+        let text: Vec<u8> = (0..20_000)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                b'a' + ((x >> 16) % 26) as u8
+            })
+            .collect();
+        let raw = block::compress(&text, 1).unwrap();
+        let coded = compress(&text, 1, Literals::Coded).unwrap();
+        assert!(raw.len() >= text.len(), "raw literals: {} bytes", raw.len());
+        assert!(coded.len() < text.len() * 3 / 4, "coded literals: {} bytes", coded.len());
+        for frame in [&raw, &coded] {
+            assert_eq!(block::decompress(frame, text.len()).unwrap(), text);
+            assert_eq!(zstd_real::decode_all(&frame[..]).unwrap(), text);
+        }
+        // The context is set per call: a coded frame after a raw one is coded, and back.
+        assert_eq!(block::compress(&text, 1).unwrap().len(), raw.len());
     }
 
     #[test]

@@ -139,7 +139,7 @@ impl Default for SledOptions {
         SledOptions {
             cache_bytes: 128 * 1024 * 1024,
             flush_every_ms: 500,
-            zstd_level: 0,
+            zstd_level: 1,
             value_segment_bytes: 64 << 20,
         }
     }

@@ -23,8 +23,9 @@ const ZSTD: u8 = 1;
 
 /// The frame of `value`, named `hash`, compressed at zstd `level` when that makes it smaller.
 pub(crate) fn encode(hash: &Hash, value: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
-    // The thread's zstd context, shared with sled's log (crates/sled-zstd).
-    let compressed = zstd::block::compress(value, level)?;
+    // The thread's zstd context, shared with sled's log (crates/sled-zstd); a page body is
+    // large enough to repay coding its literals.
+    let compressed = zstd::compress(value, level, zstd::Literals::Coded)?;
     let (codec, payload) =
         if compressed.len() < value.len() { (ZSTD, &compressed[..]) } else { (RAW, value) };
     let mut out = Vec::with_capacity(HEADER + payload.len());
