@@ -95,6 +95,11 @@ pub async fn run(
     fold_max: usize,
 ) -> Result<Follow, ObserverError> {
     let Some(url) = model::url_of(row) else { return Ok(Follow::default()) };
+    // The row's cells every run reads (`page:meta` unless the URL is an alias, `indeg:folded`
+    // if it is counted), in one store call: the reads below find them read.
+    let cells = [col::ALIAS_OF, col::META, col::CHAIN, col::FOLDED]
+        .map(|column| (row.clone(), Bytes::from_static(column)));
+    txn.get_many(&cells).await?;
     // Where this URL's inlinks were counted last time: absent for a page.
     let counted_at = txn.get(row, col::ALIAS_OF).await?;
     // Not fetched, or not a page: its in-degree shows nowhere, so its change rows wait

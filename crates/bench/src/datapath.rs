@@ -23,19 +23,19 @@ use crate::table::{in_a_child, rate, scaled, Table};
 
 /// One WARC's figures, as the child prints them (one JSON line).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Figures {
-    warc: String,
+pub(crate) struct Figures {
+    pub(crate) warc: String,
     records: usize,
     /// Response body bytes loaded (uncompressed).
-    body_bytes: u64,
+    pub(crate) body_bytes: u64,
     pages: usize,
     links: usize,
-    bare_s: f64,
+    pub(crate) bare_s: f64,
     /// The bare loop with the simhash of each page's text added (what parse also does since
     /// near-duplicates, spec §6.4a).
     #[serde(default)]
     bare_simhash_s: f64,
-    replay_s: f64,
+    pub(crate) replay_s: f64,
     calls_per_page: f64,
     /// The calls by kind, per indexed page: conditional mutations, batched mutations, reads
     /// (single and batched), scans; and the rows the batched calls touched.
@@ -47,7 +47,7 @@ struct Figures {
     /// Per observer: (name, runs per indexed page, idle runs per page, mean committed run µs).
     #[serde(default)]
     observers: Vec<(String, f64, f64, u64)>,
-    disk_bytes: u64,
+    pub(crate) disk_bytes: u64,
     live_bytes: u64,
     /// The store's files after `perc compact`'s rewrite, and the seconds it took.
     #[serde(default)]
@@ -60,7 +60,7 @@ struct Figures {
     rss_kb: u64,
     /// `store.zstd_level` of the run (0: sled's log not compressed).
     #[serde(default)]
-    zstd_level: i64,
+    pub(crate) zstd_level: i64,
     /// The row writes given to sled during the replay and the collection pass after it, by
     /// kind of row (`p:`, `e:`, ...): (kind, writes a page, bytes a page), most bytes first.
     #[serde(default)]
@@ -246,8 +246,9 @@ pub fn std_docs_warc(out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The parent: the given WARCs (or two generated ones), each in a child, then the tables.
-pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
+/// The parent: the given WARCs (or two generated ones), each in a child, then the tables; the
+/// figures, for the targets' table.
+pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<Vec<Figures>> {
     println!("# perc-bench datapath (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
     let tmp = tempfile::tempdir()?;
     let files = if warcs.is_empty() { default_webs(scale, tmp.path())? } else { warcs.to_vec() };
@@ -263,7 +264,7 @@ pub fn run(scale: f64, warcs: &[PathBuf]) -> Result<()> {
     for f in &all {
         print(f);
     }
-    Ok(())
+    Ok(all)
 }
 
 /// The webs measured when none is named: two perc-synth webs written into `dir`, and the std

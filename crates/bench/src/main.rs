@@ -7,6 +7,7 @@
 mod core;
 mod datapath;
 mod distributed;
+mod goals;
 mod layout;
 mod notify;
 mod pipeline;
@@ -90,7 +91,10 @@ enum Suite {
         #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
         sets: Vec<String>,
     },
-    /// Every suite.
+    /// The storage targets: `datapath` and `scaling`, then their figures side by side with
+    /// the targets (disk, memory and speed as the store grows).
+    Goals,
+    /// Every suite, then the storage targets' table.
     All,
 }
 
@@ -101,23 +105,25 @@ fn main() -> anyhow::Result<()> {
         Suite::Notify => notify::run(args.scale),
         Suite::Pipeline => pipeline::run(args.scale),
         Suite::Distributed => distributed::run(args.scale),
-        Suite::Scaling { pages } => scaling::run(args.scale, pages),
+        Suite::Scaling { pages } => scaling::run(args.scale, pages).map(drop),
         Suite::ScalingOne { pages } => scaling::one(pages),
-        Suite::Datapath { warcs } => datapath::run(args.scale, &warcs),
+        Suite::Datapath { warcs } => datapath::run(args.scale, &warcs).map(drop),
         Suite::DatapathOne { warc } => datapath::one(&warc),
         Suite::SledLayout => layout::run(args.scale),
         Suite::StdDocsWarc { out } => datapath::std_docs_warc(&out),
         Suite::Serve => serve::run(args.scale),
+        Suite::Goals => goals::run(args.scale),
         Suite::Soak { minutes, pages, sets } => soak::run(minutes, pages, &sets),
         Suite::All => {
             core::run(args.scale)?;
             notify::run(args.scale)?;
             pipeline::run(args.scale)?;
             distributed::run(args.scale)?;
-            datapath::run(args.scale, &[])?;
+            let webs = datapath::run(args.scale, &[])?;
             layout::run(args.scale)?;
             serve::run(args.scale)?;
-            scaling::run(args.scale, None)?;
+            let sizes = scaling::run(args.scale, None)?;
+            goals::print(&webs, &sizes)?;
             soak::run(120.0 * args.scale, 3_000, &[])
         }
     }

@@ -31,12 +31,12 @@ const LOAD_BATCH: usize = 256;
 
 /// One size's figures, as the child prints them (one JSON line).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Figures {
-    pages: usize,
+pub(crate) struct Figures {
+    pub(crate) pages: usize,
     indexed: usize,
-    replay_s: f64,
+    pub(crate) replay_s: f64,
     calls_per_page: f64,
-    rss_kb: u64,
+    pub(crate) rss_kb: u64,
     /// The peak resident set by the end of the replay (`rss_kb` also covers the collection
     /// after it and the updates).
     #[serde(default)]
@@ -51,6 +51,9 @@ struct Figures {
     #[serde(default)]
     gc_removed: u64,
     disk_bytes: u64,
+    /// The response bodies the replay loaded (uncompressed): the HTML the store holds.
+    #[serde(default)]
+    html_bytes: u64,
     /// The store's files after `perc compact`'s rewrite (at the end), and its seconds.
     #[serde(default)]
     compacted_bytes: u64,
@@ -59,7 +62,7 @@ struct Figures {
     /// The peak resident set by the rewrite's end (`rss_kb` is the peak before it).
     #[serde(default)]
     compact_rss_kb: u64,
-    p50_ms: f64,
+    pub(crate) p50_ms: f64,
     p99_ms: f64,
     /// Per update, on average: store calls, and by observer (name, runs, conflicted runs,
     /// mean committed run in µs).
@@ -133,7 +136,9 @@ async fn measure(pages: usize) -> Result<Figures> {
     let before = store.counts();
     let start = Instant::now();
     let mut batch = Vec::with_capacity(LOAD_BATCH);
+    let mut html_bytes = 0;
     for (url, response) in web.responses() {
+        html_bytes += response.body.len() as u64;
         batch.push(Recorded { url, response });
         if batch.len() == LOAD_BATCH {
             perc_observers::load_recorded(&loader, &batch).await?;
@@ -201,6 +206,7 @@ async fn measure(pages: usize) -> Result<Figures> {
         gc_rss_kb,
         gc_removed: gc.write_records_removed,
         disk_bytes,
+        html_bytes,
         compacted_bytes: compacted.bytes_after,
         compact_s,
         p50_ms: measured.percentile(0.5),
@@ -285,7 +291,7 @@ async fn updates(
 /// The parent: every size in a child, then the tables.
 /// The three sizes (1k, 10k and 100k pages, scaled); or, with `pages`, that size alone (the
 /// million-page run: `perc-bench scaling --pages 1000000`).
-pub fn run(scale: f64, pages: Option<u64>) -> Result<()> {
+pub fn run(scale: f64, pages: Option<u64>) -> Result<Vec<Figures>> {
     println!("# perc-bench scaling (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
     let sizes = match pages {
         Some(n) => vec![n],
@@ -301,7 +307,7 @@ pub fn run(scale: f64, pages: Option<u64>) -> Result<()> {
         add_ratios(&mut t, &all);
     }
     t.print("scaling on synthetic webs");
-    Ok(())
+    Ok(all)
 }
 
 /// The rows of each size: the replay, the update latency, and the same after `perc compact`.
@@ -311,14 +317,16 @@ fn add_sizes(t: &mut Table, all: &[Figures]) {
             format!("replay, {} pages", f.pages),
             rate(f.pages as u64, f.replay_s),
             format!(
-                "{} indexed in {:.1} s; {:.1} store calls per page; peak RSS {} MiB; store {} MiB on disk; \
-                 a collection pass {:.1} s ({} write records removed); after the updates, \
+                "{} indexed in {:.1} s; {:.1} store calls per page; peak RSS {} MiB; store {} MiB on disk \
+                 ({:.2} × the HTML, {} MiB); a collection pass {:.1} s ({} write records removed); after the updates, \
                  perc compact's rewrite {:.1} s, to {} MiB (peak RSS by its end {} MiB)",
                 f.indexed,
                 f.replay_s,
                 f.calls_per_page,
                 f.rss_kb / 1024,
                 f.disk_bytes >> 20,
+                f.disk_bytes as f64 / f.html_bytes.max(1) as f64,
+                f.html_bytes >> 20,
                 f.gc_s,
                 f.gc_removed,
                 f.compact_s,
