@@ -43,7 +43,8 @@ pub fn print(webs: &[datapath::Figures], sizes: &[scaling::Figures]) -> Result<(
         "target ≥ 0.5",
     );
     let at = |pages: usize| sizes.iter().find(|f| f.pages == pages);
-    if let (Some(small), Some(mid), Some(big)) = (at(1_000), at(10_000), at(100_000)) {
+    let [small, mid, big] = scaling::SIZES.map(at);
+    if let (Some(small), Some(mid), Some(big)) = (small, mid, big) {
         t.add(
             "peak RSS at 100k ÷ at 10k pages",
             format!("{:.2}", big.rss_kb as f64 / mid.rss_kb.max(1) as f64),
