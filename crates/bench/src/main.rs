@@ -4,6 +4,7 @@
 //! temporary directory; ratios are taken between figures of the same run, because the
 //! machine is shared and absolute numbers drift. `make bench` runs every suite.
 
+mod check;
 mod core;
 mod datapath;
 mod distributed;
@@ -46,16 +47,28 @@ enum Suite {
     /// The paper's claim on synthetic webs of 1k, 10k and 100k pages: replay, update
     /// latency, rebuild against update, peak RSS.
     Scaling {
-        /// One size only, in pages, unscaled (the million-page run: `--pages 1000000`).
+        /// One size only, in pages, unscaled (the million-page run: `--pages 1000000`); its
+        /// export is then checked against the reference on a sample of 10,000 pages.
         #[arg(long)]
         pages: Option<u64>,
+        /// Leave out `perc compact`'s rewrite and the updates on the compacted store.
+        #[arg(long)]
+        no_compact: bool,
     },
     /// One size of `scaling`, in a process of its own (run by `scaling`).
     #[command(hide = true)]
     ScalingOne {
         #[arg(long)]
         pages: usize,
+        #[arg(long)]
+        no_compact: bool,
+        /// Write the export's lines of the sampled pages here at the end.
+        #[arg(long)]
+        sample: Option<std::path::PathBuf>,
     },
+    /// The check of a sample `scaling-one` wrote, in a process of its own (run by `scaling`).
+    #[command(hide = true)]
+    ScalingCheck { sample: std::path::PathBuf },
     /// The data path: replay of WARCs against the bare work on their records;
     /// calls, transactions and store bytes per page, peak RSS.
     Datapath {
@@ -105,8 +118,13 @@ fn main() -> anyhow::Result<()> {
         Suite::Notify => notify::run(args.scale),
         Suite::Pipeline => pipeline::run(args.scale),
         Suite::Distributed => distributed::run(args.scale),
-        Suite::Scaling { pages } => scaling::run(args.scale, pages).map(drop),
-        Suite::ScalingOne { pages } => scaling::one(pages),
+        Suite::Scaling { pages, no_compact } => {
+            scaling::run(args.scale, pages, !no_compact).map(drop)
+        }
+        Suite::ScalingOne { pages, no_compact, sample } => {
+            scaling::one(pages, scaling::Options { compact: !no_compact, sample, updates: 0 })
+        }
+        Suite::ScalingCheck { sample } => check::one(&sample),
         Suite::Datapath { warcs } => datapath::run(args.scale, &warcs).map(drop),
         Suite::DatapathOne { warc } => datapath::one(&warc),
         Suite::SledLayout => layout::run(args.scale),
@@ -122,7 +140,7 @@ fn main() -> anyhow::Result<()> {
             let webs = datapath::run(args.scale, &[])?;
             layout::run(args.scale)?;
             serve::run(args.scale)?;
-            let sizes = scaling::run(args.scale, None)?;
+            let sizes = scaling::run(args.scale, None, true)?;
             goals::print(&webs, &sizes)?;
             soak::run(120.0 * args.scale, 3_000, &[])
         }

@@ -27,7 +27,38 @@ use crate::table::{in_a_child, rate, scaled, Table};
 const UPDATES: usize = 100;
 /// Updates run, unmeasured, on a store opened anew before its updates are measured.
 const WARM_UPDATES: usize = 20;
+
+/// One series of updates: `count` pages that `seed` picks, each changed (content and links)
+/// to the version after `before` plus its place in the series.
+#[derive(Clone, Copy)]
+pub(crate) struct Series {
+    pub(crate) seed: u64,
+    pub(crate) before: u32,
+    pub(crate) count: usize,
+}
+
+/// The updates a size runs, in order: measured on the store the replay left; then, on the
+/// compacted store opened anew, unmeasured ones to warm it, and measured ones.
+const SERIES: [Series; 3] = [
+    Series { seed: 5, before: 0, count: UPDATES },
+    Series { seed: 7, before: UPDATES as u32, count: WARM_UPDATES },
+    Series { seed: 6, before: (UPDATES + WARM_UPDATES) as u32, count: UPDATES },
+];
+
+/// The version each page updated by `series` is left at (a later series wins): with the web,
+/// what the store holds at the end.
+pub(crate) fn versions(web: &Web, series: &[Series]) -> std::collections::BTreeMap<usize, u32> {
+    let mut out = std::collections::BTreeMap::new();
+    for s in series {
+        for (n, (i, _)) in web.change_set(s.count, s.seed).into_iter().enumerate() {
+            out.insert(i, s.before + n as u32 + 1);
+        }
+    }
+    out
+}
 const LOAD_BATCH: usize = 256;
+/// The synthetic webs' seed.
+pub(crate) const SEED: u64 = 11;
 /// The sizes the suite measures, in pages (at scale 1).
 pub(crate) const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 
@@ -117,22 +148,33 @@ fn perf_control(command: &str) {
     }
 }
 
+/// What a size runs beyond the replay and the first updates.
+pub(crate) struct Options {
+    /// `perc compact`'s rewrite and the updates on the compacted store.
+    pub(crate) compact: bool,
+    /// Where to write the export's lines of a sample of the pages at the end, for
+    /// [`crate::check`] to compare with the reference.
+    pub(crate) sample: Option<std::path::PathBuf>,
+    /// The first series' updates (0: [`UPDATES`], the suite's).
+    pub(crate) updates: usize,
+}
+
 /// The child: one size, start to end.
-pub fn one(pages: usize) -> Result<()> {
+pub fn one(pages: usize, options: Options) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let f = rt.block_on(measure(pages))?;
+    let f = rt.block_on(measure(pages, options))?;
     println!("{}", serde_json::to_string(&f)?);
     Ok(())
 }
 
-async fn measure(pages: usize) -> Result<Figures> {
+pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
     let crate::pipeline::Setup { dir, store, pipeline } =
         crate::pipeline::setup(Fetching::Offline).await?;
     let loader = pipeline.client().clone();
     // Updates arrive while the workers run, as in `perc serve`: they are started here and
     // waited on after each load, rather than run to quiescence per command.
     let workers = Workers::start(pipeline.engine().clone(), &tokio::runtime::Handle::current());
-    let web = Web::new(Spec::new(pages, 11));
+    let web = Web::new(Spec::new(pages, SEED));
 
     // 1. Replay: stream the web in, the workers indexing as it arrives.
     let before = store.counts();
@@ -169,20 +211,59 @@ async fn measure(pages: usize) -> Result<Figures> {
 
     // 2. Update latency: one page's content and links change; wait for every effect.
     perf_control("enable");
-    let measured = updates(&loader, &store, &workers, &web, 5, 0, UPDATES).await?;
+    let first = if options.updates == 0 {
+        SERIES[0]
+    } else {
+        Series { count: options.updates, ..SERIES[0] }
+    };
+    let series = [first, SERIES[1], SERIES[2]];
+    let measured = updates(&loader, &store, &workers, &web, series[0]).await?;
     perf_control("disable");
     workers.shutdown().await;
-    let options = perc_pipeline::sled_options(&pipeline.config().store);
+    let mut f = Figures {
+        pages,
+        indexed,
+        replay_s,
+        calls_per_page: calls as f64 / indexed.max(1) as f64,
+        rss_kb: 0,
+        compact_rss_kb: 0,
+        replay_rss_kb,
+        gc_s,
+        gc_rss_kb,
+        gc_removed: gc.write_records_removed,
+        disk_bytes: 0,
+        html_bytes,
+        compacted_bytes: 0,
+        compact_s: 0.0,
+        p50_ms: measured.percentile(0.5),
+        p99_ms: measured.percentile(0.99),
+        update_calls: measured.calls,
+        update_notify_scans: measured.notify_scans,
+        update_runs: measured.runs,
+        compacted_p50_ms: 0.0,
+        compacted_p99_ms: 0.0,
+        compacted_update_calls: 0.0,
+    };
+    if !options.compact {
+        if let Some(path) = &options.sample {
+            crate::check::write_sample(&loader, &web, &series[..1], path).await?;
+        }
+    }
+    let sled_options = perc_pipeline::sled_options(&pipeline.config().store);
     pipeline.close().await?;
-    let disk_bytes = dir_bytes(dir.path())?;
-    let rss_kb = peak_rss_kb();
+    f.disk_bytes = dir_bytes(dir.path())?;
+    f.rss_kb = peak_rss_kb();
+    if !options.compact {
+        return Ok(f);
+    }
     // `perc compact`'s rewrite of the files, once nothing holds the store.
     drop((loader, store));
     let start = Instant::now();
-    let compacted = perc_store::SledStore::compact(dir.path(), &options, &|| false)?
+    let compacted = perc_store::SledStore::compact(dir.path(), &sled_options, &|| false)?
         .context("the compaction stopped")?;
-    let compact_s = start.elapsed().as_secs_f64();
-    let compact_rss_kb = peak_rss_kb();
+    f.compact_s = start.elapsed().as_secs_f64();
+    f.compact_rss_kb = peak_rss_kb();
+    f.compacted_bytes = compacted.bytes_after;
 
     // 3. The updates again on the compacted store, opened anew as a restarted `perc serve`
     // opens it: other pages, new versions; a few first, unmeasured, to bring its index nodes
@@ -190,36 +271,17 @@ async fn measure(pages: usize) -> Result<Figures> {
     let (store, pipeline) = crate::pipeline::open_in(dir.path(), Fetching::Offline).await?;
     let loader = pipeline.client().clone();
     let workers = Workers::start(pipeline.engine().clone(), &tokio::runtime::Handle::current());
-    updates(&loader, &store, &workers, &web, 7, UPDATES as u32, WARM_UPDATES).await?;
-    let after_compact =
-        updates(&loader, &store, &workers, &web, 6, (UPDATES + WARM_UPDATES) as u32, UPDATES)
-            .await?;
+    updates(&loader, &store, &workers, &web, series[1]).await?;
+    let after_compact = updates(&loader, &store, &workers, &web, series[2]).await?;
+    if let Some(path) = &options.sample {
+        crate::check::write_sample(&loader, &web, &series, path).await?;
+    }
     workers.shutdown().await;
     pipeline.close().await?;
-    Ok(Figures {
-        pages,
-        indexed,
-        replay_s,
-        calls_per_page: calls as f64 / indexed.max(1) as f64,
-        rss_kb,
-        compact_rss_kb,
-        replay_rss_kb,
-        gc_s,
-        gc_rss_kb,
-        gc_removed: gc.write_records_removed,
-        disk_bytes,
-        html_bytes,
-        compacted_bytes: compacted.bytes_after,
-        compact_s,
-        p50_ms: measured.percentile(0.5),
-        p99_ms: measured.percentile(0.99),
-        update_calls: measured.calls,
-        update_notify_scans: measured.notify_scans,
-        update_runs: measured.runs,
-        compacted_p50_ms: after_compact.percentile(0.5),
-        compacted_p99_ms: after_compact.percentile(0.99),
-        compacted_update_calls: after_compact.calls,
-    })
+    f.compacted_p50_ms = after_compact.percentile(0.5);
+    f.compacted_p99_ms = after_compact.percentile(0.99);
+    f.compacted_update_calls = after_compact.calls;
+    Ok(f)
 }
 
 /// What a series of updates measured: each one's latency (sorted), and per update, the
@@ -238,18 +300,16 @@ impl Updates {
     }
 }
 
-/// `count` updates, one at a time, of pages that `seed` picks: each page's content and links
-/// change to a version after `versions_before`, and each update is timed from its load until
-/// the workers are quiescent again (every effect indexed).
+/// The updates of `series`, one at a time, each timed from its load until the workers are
+/// quiescent again (every effect indexed).
 async fn updates(
     loader: &perc_txn::Client,
     store: &perc_store::Counted<std::sync::Arc<dyn perc_store::Store>>,
     workers: &Workers,
     web: &Web,
-    seed: u64,
-    versions_before: u32,
-    count: usize,
+    series: Series,
 ) -> Result<Updates> {
+    let Series { seed, before: versions_before, count } = series;
     let mut latencies_ms = Vec::with_capacity(count);
     let calls_before = store.counts().row_ops();
     let notify_scans_before = store.scans_of(perc_txn::actions::NOTIFY.name);
@@ -290,20 +350,52 @@ async fn updates(
     Ok(Updates { latencies_ms, calls, notify_scans, runs })
 }
 
-/// The parent: every size in a child, then the tables.
-/// The three sizes (1k, 10k and 100k pages, scaled); or, with `pages`, that size alone (the
-/// million-page run: `perc-bench scaling --pages 1000000`).
-pub fn run(scale: f64, pages: Option<u64>) -> Result<Vec<Figures>> {
+/// The parent: every size in a child, then the tables. The three sizes (1k, 10k and 100k
+/// pages, scaled); or, with `pages`, that size alone (the million-page run: `perc-bench
+/// scaling --pages 1000000`), its export then checked on a sample (crate::check).
+pub fn run(scale: f64, pages: Option<u64>, compact: bool) -> Result<Vec<Figures>> {
     println!("# perc-bench scaling (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
     let sizes = match pages {
         Some(n) => vec![n],
         None => SIZES.iter().map(|&n| scaled(n as u64, scale)).collect(),
     };
+    let samples = tempfile::tempdir()?;
+    let sample = samples.path().join("sample.jsonl");
     let mut all: Vec<Figures> = Vec::new();
     for n in sizes {
-        all.push(in_a_child(&["scaling-one", "--pages", &n.to_string()], &[])?);
+        let mut args = vec!["scaling-one".to_string(), "--pages".into(), n.to_string()];
+        if !compact {
+            args.push("--no-compact".into());
+        }
+        if pages.is_some() {
+            args.extend(["--sample".into(), sample.display().to_string()]);
+        }
+        all.push(in_a_child(&args, &[])?);
     }
     let mut t = Table::new();
+    if pages.is_some() {
+        let c: crate::check::Checked =
+            in_a_child(&["scaling-check".to_string(), sample.display().to_string()], &[])?;
+        t.add(
+            "export of a sample against the reference",
+            format!("{} / {}", c.equal, c.sampled),
+            format!(
+                "lines equal to perc-reference's, of {} sampled URLs ({} of them pages); the \
+                 reference parsed the web in {:.0} s and made the lines in {:.0} s, peak RSS \
+                 {} MiB{}",
+                c.sampled,
+                c.lines,
+                c.parse_s,
+                c.lines_s,
+                c.rss_kb / 1024,
+                if c.differences.is_empty() {
+                    String::new()
+                } else {
+                    format!("; differences: {}", c.differences.join(" / "))
+                }
+            ),
+        );
+    }
     add_sizes(&mut t, &all);
     if all.len() > 1 {
         add_ratios(&mut t, &all);
@@ -320,8 +412,7 @@ fn add_sizes(t: &mut Table, all: &[Figures]) {
             rate(f.pages as u64, f.replay_s),
             format!(
                 "{} indexed in {:.1} s; {:.1} store calls per page; peak RSS {} MiB; store {} MiB on disk \
-                 ({:.2} × the HTML, {} MiB); a collection pass {:.1} s ({} write records removed); after the updates, \
-                 perc compact's rewrite {:.1} s, to {} MiB (peak RSS by its end {} MiB)",
+                 ({:.2} × the HTML, {} MiB); a collection pass {:.1} s ({} write records removed){}",
                 f.indexed,
                 f.replay_s,
                 f.calls_per_page,
@@ -331,9 +422,17 @@ fn add_sizes(t: &mut Table, all: &[Figures]) {
                 f.html_bytes >> 20,
                 f.gc_s,
                 f.gc_removed,
-                f.compact_s,
-                f.compacted_bytes >> 20,
-                f.compact_rss_kb / 1024
+                if compacted(f) {
+                    format!(
+                        "; after the updates, perc compact's rewrite {:.1} s, to {} MiB (peak RSS \
+                         by its end {} MiB)",
+                        f.compact_s,
+                        f.compacted_bytes >> 20,
+                        f.compact_rss_kb / 1024
+                    )
+                } else {
+                    String::new()
+                }
             ),
         );
     }
@@ -358,7 +457,7 @@ fn add_sizes(t: &mut Table, all: &[Figures]) {
             ),
         );
     }
-    for f in all {
+    for f in all.iter().filter(|f| compacted(f)) {
         t.add(
             format!("update latency after perc compact, {} pages", f.pages),
             format!("p50 {:.1} ms", f.compacted_p50_ms),
@@ -370,6 +469,11 @@ fn add_sizes(t: &mut Table, all: &[Figures]) {
             ),
         );
     }
+}
+
+/// Whether the size ran `perc compact` and the updates after it.
+fn compacted(f: &Figures) -> bool {
+    f.compacted_bytes > 0
 }
 
 /// The rows that compare the largest size with the smallest.

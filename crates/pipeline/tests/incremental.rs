@@ -15,6 +15,7 @@ use perc_crawl::warc::Recorded;
 use perc_crawl::{Fetched, Response, Source};
 use perc_observers::model::{CrawlScope, ExportLine, Inlink};
 use perc_pipeline::{Backend, Config, Pipeline, Queued, SearchDoc};
+use perc_reference::reference;
 use perc_txn::ManualClock;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -55,158 +56,7 @@ fn redirect(to: &str) -> Response {
 }
 
 // ---------------------------------------------------------------------------------------
-// The reference: spec §6 computed from scratch over a set of fetched responses.
-
-struct RefPage {
-    hash: String,
-    title: String,
-    noindex: bool,
-    links: Vec<(String, String, bool)>,
-    declared: Option<String>,
-    simhash: Option<u64>,
-}
-
-/// What an HTML response says, when it is one.
-fn ref_html(url: &str, r: &Response) -> Option<perc_crawl::ParsedPage> {
-    if !(200..300).contains(&r.status) || r.content_type.as_deref() != Some("text/html") {
-        return None;
-    }
-    Some(perc_crawl::parse_for_index(&Url::parse(url).unwrap(), &r.body, r.charset.as_deref()))
-}
-
-/// The refresh target of a delay-0 refresh (spec §6.2).
-fn ref_refresh(p: &perc_crawl::ParsedPage) -> Option<String> {
-    let r = p.refresh.as_ref()?;
-    (r.delay_s == 0).then(|| r.target.as_ref().map(Url::to_string)).flatten()
-}
-
-fn ref_page(url: &str, r: &Response) -> Option<RefPage> {
-    let p = ref_html(url, r)?;
-    if ref_refresh(&p).is_some() {
-        return None;
-    }
-    Some(RefPage {
-        hash: perc_crawl::content_hash(&r.body),
-        title: p.title,
-        noindex: p.noindex,
-        links: p.links.into_iter().map(|l| (l.target.to_string(), l.anchor, l.follow)).collect(),
-        declared: p.canonical.map(String::from),
-        simhash: p.simhash,
-    })
-}
-
-/// Where an HTTP or a refresh redirect goes; `None` for what is no redirect, or one to
-/// itself.
-fn ref_redirect(url: &str, r: &Response) -> Option<String> {
-    let to = if (300..400).contains(&r.status) {
-        let to = r.location.as_ref()?.to_string();
-        perc_crawl::normalize(&to).ok()?.to_string()
-    } else {
-        ref_refresh(&ref_html(url, r)?)?
-    };
-    (to != url).then_some(to)
-}
-
-fn reference(fetched: &BTreeMap<String, Response>) -> Vec<ExportLine> {
-    let pages: BTreeMap<&str, RefPage> =
-        fetched.iter().filter_map(|(u, r)| ref_page(u, r).map(|p| (u.as_str(), p))).collect();
-    let redirects: BTreeMap<&str, String> =
-        fetched.iter().filter_map(|(u, r)| ref_redirect(u, r).map(|t| (u.as_str(), t))).collect();
-    // The final page of every URL, following redirects (cycle-safe).
-    let final_of = |x: &str| -> Option<String> {
-        let mut cur = x.to_string();
-        let mut seen = BTreeSet::new();
-        while let Some(next) = redirects.get(cur.as_str()) {
-            if !seen.insert(cur.clone()) {
-                return None;
-            }
-            cur = next.clone();
-        }
-        Some(cur)
-    };
-    let mut inlinks: BTreeMap<String, Vec<Inlink>> = BTreeMap::new();
-    for (src, p) in &pages {
-        for (t, anchor, _) in &p.links {
-            if let Some(f) = final_of(t) {
-                inlinks.entry(f).or_default().push(Inlink {
-                    from: src.to_string(),
-                    to: t.clone(),
-                    anchor: anchor.clone(),
-                });
-            }
-        }
-    }
-    let indeg = |u: &str| -> u64 {
-        inlinks.get(u).map_or(0, |ls| {
-            ls.iter()
-                .filter(|l| l.from != u)
-                .map(|l| l.from.as_str())
-                .collect::<BTreeSet<_>>()
-                .len() as u64
-        })
-    };
-    let mut clusters: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (u, p) in &pages {
-        clusters.entry(p.hash.as_str()).or_default().push(u);
-    }
-    // Votes: each page's declared canonical, for the page it names or whose alias it is;
-    // counted only when that page shares the voter's body.
-    let mut votes: BTreeMap<&str, u64> = BTreeMap::new();
-    for p in pages.values() {
-        let Some(named) = p.declared.as_deref().and_then(final_of) else { continue };
-        if let Some((m, _)) = pages.get_key_value(named.as_str()).filter(|(_, q)| q.hash == p.hash)
-        {
-            *votes.entry(m).or_default() += 1;
-        }
-    }
-    let canonical_of = |hash: &str| -> &str {
-        clusters[hash]
-            .iter()
-            .min_by_key(|m| {
-                let v = votes.get(*m).copied().unwrap_or(0);
-                (std::cmp::Reverse((v, indeg(m))), m.len(), m.to_string())
-            })
-            .unwrap()
-    };
-    // Near-duplicates: every pair of clusters, compared (spec §6.4a).
-    let simhash_of = |hash: &str| pages[clusters[hash][0]].simhash;
-    let near_of = |hash: &str| -> Vec<String> {
-        let Some(mine) = simhash_of(hash) else { return Vec::new() };
-        let mut near: Vec<String> = clusters
-            .keys()
-            .filter(|other| **other != hash)
-            .filter(|other| simhash_of(other).is_some_and(|s| (s ^ mine).count_ones() <= 3))
-            .map(|other| canonical_of(other).to_string())
-            .collect();
-        near.sort();
-        near.truncate(20);
-        near
-    };
-    let mut out = Vec::new();
-    for (u, p) in &pages {
-        let members = &clusters[p.hash.as_str()];
-        let canonical = canonical_of(p.hash.as_str());
-        let mut links = Vec::new();
-        if canonical == *u {
-            for m in members {
-                links.extend(inlinks.get(*m).cloned().unwrap_or_default());
-            }
-            links.sort();
-            links.dedup();
-        }
-        out.push(ExportLine {
-            url: u.to_string(),
-            canonical: canonical.to_string(),
-            content_hash: p.hash.clone(),
-            title: p.title.clone(),
-            in_degree: indeg(u),
-            noindex: p.noindex,
-            near_duplicates: if canonical == *u { near_of(p.hash.as_str()) } else { Vec::new() },
-            inlinks: links,
-        });
-    }
-    out
-}
+// The reference: spec §6 from scratch (perc-reference), and its crawl.
 
 /// The reference crawl: breadth-first from the seeds, following what discovery follows.
 fn reference_crawl(web: &Web, seeds: &[&str], scope: &CrawlScope) -> BTreeMap<String, Response> {
@@ -223,13 +73,14 @@ fn reference_crawl(web: &Web, seeds: &[&str], scope: &CrawlScope) -> BTreeMap<St
         let (d, h) = best[&u];
         let r = web.get(&u);
         let mut next: Vec<(String, (u32, u32))> = Vec::new();
-        if let Some(p) = ref_page(&u, &r) {
+        let parsed = perc_reference::parse(&u, &r);
+        if parsed.is_page() {
             if d < scope.max_depth {
-                next.extend(p.links.iter().filter(|l| l.2).map(|l| (l.0.clone(), (d + 1, 0))));
+                next.extend(parsed.followed().map(|t| (t.to_string(), (d + 1, 0))));
             }
-        } else if let Some(t) = ref_redirect(&u, &r) {
+        } else if let Some(t) = parsed.redirect() {
             if h < scope.max_redirects {
-                next.push((t, (d, h + 1)));
+                next.push((t.to_string(), (d, h + 1)));
             }
         }
         for (t, dh) in next {
