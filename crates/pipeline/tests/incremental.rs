@@ -6,14 +6,14 @@
 //! mirror of the search index drained from the search queue (in between, and concurrently
 //! with the workers) ends equal to the documents of the final state.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use perc_crawl::warc::Recorded;
 use perc_crawl::{Fetched, Response, Source};
-use perc_observers::model::{CrawlScope, ExportLine, Inlink};
+use perc_observers::model::{CrawlScope, ExportLine};
 use perc_pipeline::{Backend, Config, Pipeline, Queued, SearchDoc};
 use perc_reference::reference;
 use perc_txn::ManualClock;
