@@ -65,6 +65,10 @@ pub(crate) struct Figures {
     /// kind of row (`p:`, `e:`, ...): (kind, writes a page, bytes a page), most bytes first.
     #[serde(default)]
     written: Vec<(String, f64, f64)>,
+    /// The rows the store keeps after the collection, by kind of row: (kind, rows a page),
+    /// most first.
+    #[serde(default)]
+    live_rows: Vec<(String, f64)>,
 }
 
 /// The work a page needs with no store: parse, hash, resolve every link; its links.
@@ -179,6 +183,12 @@ async fn measure(warc: &Path) -> Result<Figures> {
         .map(|(b, w, n)| (format!("{}:", b as char), per_page(w), per_page(n)))
         .collect();
     written.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let mut live_rows: Vec<(String, f64)> = usage
+        .rows_by_kind
+        .iter()
+        .map(|(b, n)| (format!("{}:", *b as char), per_page(*n)))
+        .collect();
+    live_rows.sort_by(|a, b| b.1.total_cmp(&a.1));
     // `perc compact`'s rewrite of the files (its collection pass is the one above).
     drop((store, sled));
     let start = Instant::now();
@@ -208,6 +218,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
         rss_kb: crate::scaling::peak_rss_kb(),
         zstd_level,
         written,
+        live_rows,
     })
 }
 
@@ -383,6 +394,15 @@ fn print(f: &Figures) {
                 .map(|(k, w, n)| format!("{k} {w:.1} writes, {:.1} KiB", n / 1024.0))
                 .collect::<Vec<_>>()
                 .join("; ")
+        ),
+    );
+    t.add(
+        "rows kept a page (after the collection)",
+        format!("{:.1}", f.live_rows.iter().map(|r| r.1).sum::<f64>()),
+        format!(
+            "one sled key each (sled keeps a record of every node of up to 16 keys); by kind of \
+             row: {}",
+            f.live_rows.iter().map(|(k, n)| format!("{k} {n:.2}")).collect::<Vec<_>>().join(", ")
         ),
     );
     t.add("peak RSS", format!("{} MiB", f.rss_kb / 1024), "the child process, both loops");

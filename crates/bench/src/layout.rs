@@ -7,6 +7,12 @@
 //! The mutation is the shape of a prewrite or a commit on a page row: three cells change
 //! (two written, one removed) in a row of ~1.5 KB. Two threads, random rows out of 20,000,
 //! as perc's two workers do.
+//!
+//! And what sled keeps in memory beyond its cache: the same bytes stored as many small
+//! values or as few large ones, each in a process of its own (`sled-memory-one`), with the
+//! cache and compression of a perc store; its peak RSS after writing them and after reading
+//! every key once (as a collection pass does). sled 0.34 splits a leaf past 16 keys and keeps
+//! a record of every node, resident or not, so this is the memory a layout's key count costs.
 
 use std::time::Instant;
 
@@ -131,6 +137,79 @@ fn measure(layout: Layout, mutations: u64) -> Result<Figures> {
     })
 }
 
+/// The bytes the memory comparison stores, and the value sizes it stores them as.
+const MEMORY_BYTES: u64 = 1 << 30;
+const VALUE_SIZES: [usize; 3] = [100, 1_000, 10_000];
+/// A perc store's cache (`store.cache_bytes`' default, a third of it when compressed).
+const CACHE_BYTES: u64 = (128 << 20) / 3;
+
+/// What one size of values left in memory.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct Memory {
+    keys: u64,
+    value_bytes: usize,
+    written_rss_kb: u64,
+    read_rss_kb: u64,
+    disk_bytes: u64,
+}
+
+/// The child: `bytes` stored as values of `value_bytes`, keyed like perc's edge rows.
+pub fn memory_one(bytes: u64, value_bytes: usize) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = sled::Config::new()
+        .path(dir.path())
+        .cache_capacity(CACHE_BYTES)
+        .segment_size(8 << 20)
+        .mode(sled::Mode::HighThroughput)
+        .use_compression(true)
+        .compression_factor(1)
+        .open()?;
+    let keys = bytes / value_bytes as u64;
+    // Values of text-like bytes (compressible about as a page's cells are).
+    let words = b"index page link anchor canonical cluster crawl store value ";
+    let value: Vec<u8> = words.iter().cycle().take(value_bytes).copied().collect();
+    let key = |i: u64| {
+        let target = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 1_000_000;
+        format!("e:http://synth.test/p/{target}\0http://synth.test/p/{i}").into_bytes()
+    };
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (db, value) = (&db, &value);
+                s.spawn(move || -> Result<()> {
+                    for i in (t..keys).step_by(THREADS as usize) {
+                        let mut v = value.clone();
+                        v[..8].copy_from_slice(&i.to_be_bytes());
+                        db.insert(key(i), v)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("a memory worker panicked")?;
+        }
+        Ok(())
+    })?;
+    db.flush()?;
+    let written_rss_kb = crate::scaling::peak_rss_kb();
+    let mut n = 0;
+    for kv in db.iter() {
+        kv?;
+        n += 1;
+    }
+    anyhow::ensure!(n == keys, "read {n} keys of {keys}");
+    let m = Memory {
+        keys,
+        value_bytes,
+        written_rss_kb,
+        read_rss_kb: crate::scaling::peak_rss_kb(),
+        disk_bytes: db.size_on_disk()?,
+    };
+    println!("{}", serde_json::to_string(&m)?);
+    Ok(())
+}
+
 pub fn run(scale: f64) -> Result<()> {
     let n = scaled(200_000, scale);
     println!(
@@ -153,5 +232,31 @@ pub fn run(scale: f64) -> Result<()> {
         );
     }
     t.print("one row mutation on sled, by layout (wall time, 2 threads)");
+
+    let bytes = (MEMORY_BYTES as f64 * scale) as u64;
+    let mut t = Table::new();
+    for v in VALUE_SIZES {
+        let m: Memory = crate::table::in_a_child(
+            &["sled-memory-one", "--bytes", &bytes.to_string(), "--value-bytes", &v.to_string()],
+            &[],
+        )?;
+        t.add(
+            format!("{} keys of {} bytes", m.keys, m.value_bytes),
+            format!("{} MiB", m.read_rss_kb / 1024),
+            format!(
+                "peak RSS after reading every key once ({} MiB after writing them); {:.0} \
+                 bytes of it a key beyond the cache's {} MiB; {} MiB on disk",
+                m.written_rss_kb / 1024,
+                (m.read_rss_kb * 1024).saturating_sub(CACHE_BYTES) as f64 / m.keys as f64,
+                CACHE_BYTES >> 20,
+                m.disk_bytes >> 20
+            ),
+        );
+    }
+    t.print(&format!(
+        "sled's memory beyond its cache: {} MiB as small or as large values (compressed, cache {} MiB)",
+        bytes >> 20,
+        CACHE_BYTES >> 20
+    ));
     Ok(())
 }

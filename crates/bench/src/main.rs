@@ -79,6 +79,14 @@ enum Suite {
     /// The sled layout candidates of the data path (docs/architecture.md): one row
     /// mutation's cost and sled's bytes on disk, row records against a key per cell.
     SledLayout,
+    /// One size of values of `sled-layout`'s memory comparison, in a process of its own.
+    #[command(hide = true)]
+    SledMemoryOne {
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long)]
+        value_bytes: usize,
+    },
     /// One WARC of `datapath`, in a process of its own (run by `datapath`).
     #[command(hide = true)]
     DatapathOne { warc: std::path::PathBuf },
@@ -128,6 +136,7 @@ fn main() -> anyhow::Result<()> {
         Suite::Datapath { warcs } => datapath::run(args.scale, &warcs).map(drop),
         Suite::DatapathOne { warc } => datapath::one(&warc),
         Suite::SledLayout => layout::run(args.scale),
+        Suite::SledMemoryOne { bytes, value_bytes } => layout::memory_one(bytes, value_bytes),
         Suite::StdDocsWarc { out } => datapath::std_docs_warc(&out),
         Suite::Serve => serve::run(args.scale),
         Suite::Goals => goals::run(args.scale),

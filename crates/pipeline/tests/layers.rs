@@ -16,6 +16,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("perc-crawl", &[]),
     // The synthetic web and the static server of a site directory: a tool beside the layers.
     ("perc-synth", &["perc-crawl"]),
+    // The from-scratch index the tests and the million-page check hold the pipeline to: it
+    // reads what a page says (crawl) and writes the export's record type, nothing else of the
+    // observers; no transaction, no store.
+    ("perc-reference", &["perc-crawl", "perc-observers"]),
     // Observers see a transaction, never a store: no perc-store, no backend.
     ("perc-observers", &["perc-notify", "perc-txn", "perc-crawl"]),
     (

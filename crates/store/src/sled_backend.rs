@@ -63,6 +63,9 @@ pub struct Usage {
     pub trees: Vec<TreeUsage>,
     /// By `family/group` of the rows tree.
     pub columns: BTreeMap<String, ColumnUsage>,
+    /// The rows tree's keys by kind of row (the key's first byte: perc's row keys begin with
+    /// a letter and a colon): sled keeps a record of every node, 16 keys at most, in memory.
+    pub rows_by_kind: BTreeMap<u8, u64>,
 }
 
 impl Usage {
@@ -209,6 +212,7 @@ impl SledStore {
                 t.key_bytes += k.len() as u64;
                 t.value_bytes += v.len() as u64;
                 if t.name == ROWS {
+                    *u.rows_by_kind.entry(k.first().copied().unwrap_or(0)).or_default() += 1;
                     for (family, qualifier, versions) in self.decode_row(Some(&v))?.columns() {
                         let group = qualifier.split(|b| *b == b':').next().unwrap_or(qualifier);
                         let key = format!("{family}/{}", String::from_utf8_lossy(group));
