@@ -3,7 +3,7 @@
 //!
 //! `perc-bench goals` runs both suites and prints their tables, then this one; `perc-bench
 //! all` prints it after every suite. The million-page run is `scaling --pages 1000000`, on its
-//! own (by the 100k figures, about an hour and a half and ~30 GB of temporary disk).
+//! own (more than two hours and ~30 GB of temporary disk), its export checked on a sample.
 
 use anyhow::Result;
 
