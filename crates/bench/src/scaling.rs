@@ -12,7 +12,9 @@
 //!    to ten before the rewrite) answers faster.
 //!
 //! Each size runs in a child process of its own (`perc-bench scaling-one`), so that its peak
-//! RSS (VmHWM) is its own.
+//! RSS (VmHWM) is its own. One size alone (`--pages N`, the million-page run) also writes a
+//! sample of its export at its end, which another child checks against perc-reference
+//! ([`crate::check`]); `--no-compact` leaves out step 5.
 
 use std::time::Instant;
 
