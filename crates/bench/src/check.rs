@@ -231,7 +231,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let options = Options { compact: false, sample: Some(path.clone()), updates: 12 };
+        let options = Options { compact: false, sample: Some(path.clone()), updates: Some(12) };
         rt.block_on(measure(400, options)).unwrap();
         let checked = check(&path).unwrap();
         assert_eq!(checked.sampled, 400);

@@ -9,8 +9,8 @@
 //! as perc's two workers do.
 //!
 //! And what sled keeps in memory beyond its cache: the same bytes stored as many small
-//! values or as few large ones, each in a process of its own (`sled-memory-one`), with the
-//! cache and compression of a perc store; its peak RSS after writing them and after reading
+//! values or as few large ones, each in a process of its own (`sled-memory-one`), sled
+//! configured as a perc store configures it (`perc_store::sled_config`); its peak RSS after writing them and after reading
 //! every key once (as a collection pass does). sled 0.34 splits a leaf past 16 keys and keeps
 //! a record of every node, resident or not, so this is the memory a layout's key count costs.
 
@@ -66,6 +66,15 @@ fn cell_key(row: u64, cell: u8, version: u64) -> Vec<u8> {
     k
 }
 
+/// Runs `work(t)` for t in 0..[`THREADS`], each on a thread of its own; the first error.
+fn on_threads(work: impl Fn(u64) -> Result<()> + Sync) -> Result<()> {
+    std::thread::scope(|s| {
+        let work = &work;
+        let threads: Vec<_> = (0..THREADS).map(|t| s.spawn(move || work(t))).collect();
+        threads.into_iter().try_for_each(|h| h.join().expect("a bench thread panicked"))
+    })
+}
+
 fn measure(layout: Layout, mutations: u64) -> Result<Figures> {
     let dir = tempfile::tempdir()?;
     let db = sled::Config::new()
@@ -75,51 +84,39 @@ fn measure(layout: Layout, mutations: u64) -> Result<Figures> {
         .open()?;
     let tree = db.open_tree("t")?;
     let started = Instant::now();
-    std::thread::scope(|s| -> Result<()> {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let tree = tree.clone();
-                s.spawn(move || -> Result<()> {
-                    let mut x = 0x9E37_79B9_7F4A_7C15 ^ (t + 1);
-                    for i in 0..mutations / THREADS {
-                        let row = next(&mut x) % ROWS;
-                        match layout {
-                            Layout::RowRecord => loop {
-                                let key = row.to_be_bytes();
-                                let current = tree.get(key)?;
-                                let mut record = current
-                                    .as_deref()
-                                    .map_or_else(|| vec![0; RECORD_BYTES], <[u8]>::to_vec);
-                                record[(i % RECORD_BYTES as u64) as usize] ^= 1;
-                                if tree.compare_and_swap(key, current, Some(record))?.is_ok() {
-                                    break;
-                                }
-                            },
-                            Layout::CellBatch | Layout::CellSingle => {
-                                // The condition: is there a cell in the row's lock column?
-                                let _ = tree.scan_prefix(cell_key(row, 0, u64::MAX)).next();
-                                let (a, b) = (cell_key(row, 1, i), cell_key(row, 2, i));
-                                let gone = cell_key(row, 0, i.wrapping_sub(1));
-                                if let Layout::CellBatch = layout {
-                                    let mut batch = sled::Batch::default();
-                                    batch.insert(a, vec![1; CELL_BYTES]);
-                                    batch.insert(b, vec![1; CELL_BYTES]);
-                                    batch.remove(gone);
-                                    tree.apply_batch(batch)?;
-                                } else {
-                                    tree.insert(a, vec![1; CELL_BYTES])?;
-                                    tree.insert(b, vec![1; CELL_BYTES])?;
-                                    tree.remove(gone)?;
-                                }
-                            }
-                        }
+    on_threads(|t| -> Result<()> {
+        let mut x = 0x9E37_79B9_7F4A_7C15 ^ (t + 1);
+        for i in 0..mutations / THREADS {
+            let row = next(&mut x) % ROWS;
+            match layout {
+                Layout::RowRecord => loop {
+                    let key = row.to_be_bytes();
+                    let current = tree.get(key)?;
+                    let mut record =
+                        current.as_deref().map_or_else(|| vec![0; RECORD_BYTES], <[u8]>::to_vec);
+                    record[(i % RECORD_BYTES as u64) as usize] ^= 1;
+                    if tree.compare_and_swap(key, current, Some(record))?.is_ok() {
+                        break;
                     }
-                    Ok(())
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().expect("a layout worker panicked")?;
+                },
+                Layout::CellBatch | Layout::CellSingle => {
+                    // The condition: is there a cell in the row's lock column?
+                    let _ = tree.scan_prefix(cell_key(row, 0, u64::MAX)).next();
+                    let (a, b) = (cell_key(row, 1, i), cell_key(row, 2, i));
+                    let gone = cell_key(row, 0, i.wrapping_sub(1));
+                    if let Layout::CellBatch = layout {
+                        let mut batch = sled::Batch::default();
+                        batch.insert(a, vec![1; CELL_BYTES]);
+                        batch.insert(b, vec![1; CELL_BYTES]);
+                        batch.remove(gone);
+                        tree.apply_batch(batch)?;
+                    } else {
+                        tree.insert(a, vec![1; CELL_BYTES])?;
+                        tree.insert(b, vec![1; CELL_BYTES])?;
+                        tree.remove(gone)?;
+                    }
+                }
+            }
         }
         Ok(())
     })?;
@@ -140,12 +137,12 @@ fn measure(layout: Layout, mutations: u64) -> Result<Figures> {
 /// The bytes the memory comparison stores, and the value sizes it stores them as.
 const MEMORY_BYTES: u64 = 1 << 30;
 const VALUE_SIZES: [usize; 3] = [100, 1_000, 10_000];
-/// A perc store's cache (`store.cache_bytes`' default, a third of it when compressed).
-const CACHE_BYTES: u64 = (128 << 20) / 3;
 
 /// What one size of values left in memory.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct Memory {
+    /// sled's cache as a perc store configures it (a share of `store.cache_bytes`).
+    cache_bytes: u64,
     keys: u64,
     value_bytes: usize,
     written_rss_kb: u64,
@@ -156,14 +153,8 @@ pub(crate) struct Memory {
 /// The child: `bytes` stored as values of `value_bytes`, keyed like perc's edge rows.
 pub fn memory_one(bytes: u64, value_bytes: usize) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let db = sled::Config::new()
-        .path(dir.path())
-        .cache_capacity(CACHE_BYTES)
-        .segment_size(8 << 20)
-        .mode(sled::Mode::HighThroughput)
-        .use_compression(true)
-        .compression_factor(1)
-        .open()?;
+    let config = perc_store::sled_config(dir.path(), "", &perc_store::SledOptions::default());
+    let db = config.open()?;
     let keys = bytes / value_bytes as u64;
     // Values of random letters (zstd takes them to about 0.6 of their size, as it does a
     // page's cells): so that sled's cache, which counts compressed bytes, holds about as much
@@ -176,20 +167,9 @@ pub fn memory_one(bytes: u64, value_bytes: usize) -> Result<()> {
         let target = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 1_000_000;
         format!("e:http://synth.test/p/{target}\0http://synth.test/p/{i}").into_bytes()
     };
-    std::thread::scope(|s| -> Result<()> {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (db, value_of) = (&db, &value_of);
-                s.spawn(move || -> Result<()> {
-                    for i in (t..keys).step_by(THREADS as usize) {
-                        db.insert(key(i), value_of(i))?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().expect("a memory worker panicked")?;
+    on_threads(|t| {
+        for i in (t..keys).step_by(THREADS as usize) {
+            db.insert(key(i), value_of(i))?;
         }
         Ok(())
     })?;
@@ -202,6 +182,7 @@ pub fn memory_one(bytes: u64, value_bytes: usize) -> Result<()> {
     }
     anyhow::ensure!(n == keys, "read {n} keys of {keys}");
     let m = Memory {
+        cache_bytes: config.cache_capacity,
         keys,
         value_bytes,
         written_rss_kb,
@@ -237,6 +218,7 @@ pub fn run(scale: f64) -> Result<()> {
 
     let bytes = (MEMORY_BYTES as f64 * scale) as u64;
     let mut t = Table::new();
+    let mut cache_bytes = 0;
     for v in VALUE_SIZES {
         let m: Memory = crate::table::in_a_child(
             &["sled-memory-one", "--bytes", &bytes.to_string(), "--value-bytes", &v.to_string()],
@@ -249,16 +231,17 @@ pub fn run(scale: f64) -> Result<()> {
                 "peak RSS after reading every key once ({} MiB after writing them); {:.0} \
                  bytes of it a key beyond the cache's {} MiB; {} MiB on disk",
                 m.written_rss_kb / 1024,
-                (m.read_rss_kb * 1024).saturating_sub(CACHE_BYTES) as f64 / m.keys as f64,
-                CACHE_BYTES >> 20,
+                (m.read_rss_kb * 1024).saturating_sub(m.cache_bytes) as f64 / m.keys as f64,
+                m.cache_bytes >> 20,
                 m.disk_bytes >> 20
             ),
         );
+        cache_bytes = m.cache_bytes;
     }
     t.print(&format!(
         "sled's memory beyond its cache: {} MiB as small or as large values (compressed, cache {} MiB)",
         bytes >> 20,
-        CACHE_BYTES >> 20
+        cache_bytes >> 20
     ));
     Ok(())
 }

@@ -130,7 +130,7 @@ fn main() -> anyhow::Result<()> {
             scaling::run(args.scale, pages, !no_compact).map(drop)
         }
         Suite::ScalingOne { pages, no_compact, sample } => {
-            scaling::one(pages, scaling::Options { compact: !no_compact, sample, updates: 0 })
+            scaling::one(pages, scaling::Options { compact: !no_compact, sample, updates: None })
         }
         Suite::ScalingCheck { sample } => check::one(&sample),
         Suite::Datapath { warcs } => datapath::run(args.scale, &warcs).map(drop),

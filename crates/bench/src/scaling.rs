@@ -29,14 +29,19 @@ use crate::table::{in_a_child, rate, scaled, Table};
 const UPDATES: usize = 100;
 /// Updates run, unmeasured, on a store opened anew before its updates are measured.
 const WARM_UPDATES: usize = 20;
+const LOAD_BATCH: usize = 256;
+/// The synthetic webs' seed.
+pub(crate) const SEED: u64 = 11;
+/// The sizes the suite measures, in pages (at scale 1).
+pub(crate) const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 
 /// One series of updates: `count` pages that `seed` picks, each changed (content and links)
 /// to the version after `before` plus its place in the series.
 #[derive(Clone, Copy)]
 pub(crate) struct Series {
-    pub(crate) seed: u64,
-    pub(crate) before: u32,
-    pub(crate) count: usize,
+    seed: u64,
+    before: u32,
+    count: usize,
 }
 
 /// The updates a size runs, in order: measured on the store the replay left; then, on the
@@ -58,13 +63,6 @@ pub(crate) fn versions(web: &Web, series: &[Series]) -> std::collections::BTreeM
     }
     out
 }
-const LOAD_BATCH: usize = 256;
-/// How often the replay bounds the search queue, as `perc replay` does.
-const QUEUE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-/// The synthetic webs' seed.
-pub(crate) const SEED: u64 = 11;
-/// The sizes the suite measures, in pages (at scale 1).
-pub(crate) const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 
 /// One size's figures, as the child prints them (one JSON line).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -159,8 +157,8 @@ pub(crate) struct Options {
     /// Where to write the export's lines of a sample of the pages at the end, for
     /// [`crate::check`] to compare with the reference.
     pub(crate) sample: Option<std::path::PathBuf>,
-    /// The first series' updates (0: [`UPDATES`], the suite's).
-    pub(crate) updates: usize,
+    /// The first series' updates, if not [`UPDATES`] (a test's shorter run).
+    pub(crate) updates: Option<usize>,
 }
 
 /// The child: one size, start to end.
@@ -185,9 +183,7 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
     let start = Instant::now();
     let mut batch = Vec::with_capacity(LOAD_BATCH);
     let mut html_bytes = 0;
-    // No search index drains the queue here: `perc replay` bounds it (`search.queue_max`)
-    // every minute and at its end, and so does this.
-    let mut trimmed = Instant::now();
+    // No search index drains the queue here: it is bounded as `perc replay` bounds it.
     for (url, response) in web.responses() {
         html_bytes += response.body.len() as u64;
         batch.push(Recorded { url, response });
@@ -195,15 +191,12 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
             perc_observers::load_recorded(&loader, &batch).await?;
             workers.kick();
             batch.clear();
-            if trimmed.elapsed() >= QUEUE_CHECK_EVERY {
-                pipeline.trim_search_queue().await?;
-                trimmed = Instant::now();
-            }
+            pipeline.bound_search_queue(false).await;
         }
     }
     perc_observers::load_recorded(&loader, &batch).await?;
     workers.wait().await?;
-    pipeline.trim_search_queue().await?;
+    pipeline.bound_search_queue(true).await;
     let replay_s = start.elapsed().as_secs_f64();
     let replay_rss_kb = peak_rss_kb();
     let calls = store.counts().row_ops() - before.row_ops();
@@ -223,11 +216,7 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
 
     // 2. Update latency: one page's content and links change; wait for every effect.
     perf_control("enable");
-    let first = if options.updates == 0 {
-        SERIES[0]
-    } else {
-        Series { count: options.updates, ..SERIES[0] }
-    };
+    let first = Series { count: options.updates.unwrap_or(UPDATES), ..SERIES[0] };
     let series = [first, SERIES[1], SERIES[2]];
     let measured = updates(&loader, &store, &workers, &web, series[0]).await?;
     perf_control("disable");

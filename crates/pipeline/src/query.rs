@@ -160,7 +160,7 @@ impl Pipeline {
     /// [`QUEUE_CHECK_EVERY`] while one goes on: the queue stays bounded in every process,
     /// whether or not a search index drains it. A failure is logged; the next check tries
     /// again.
-    pub(crate) async fn bound_search_queue(&self, now: bool) {
+    pub async fn bound_search_queue(&self, now: bool) {
         {
             let mut checked = self.queue_checked.lock().unwrap_or_else(|p| p.into_inner());
             if !now && checked.is_some_and(|at| at.elapsed() < QUEUE_CHECK_EVERY) {

@@ -51,7 +51,7 @@ pub use hooked::{Call, Hook, Hooked};
 pub use mem::MemStore;
 pub use sled_backend::{ColumnUsage, SledStore, TreeUsage, Usage};
 pub use sled_compact::Compacted;
-pub use sled_open::SledOptions;
+pub use sled_open::{sled_config, SledOptions};
 pub use values::Cleaned;
 
 /// A timestamp: a version of a cell. Handed out by the oracle, strictly increasing.

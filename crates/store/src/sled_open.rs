@@ -54,7 +54,7 @@ fn is_lock_error(e: &sled::Error) -> bool {
 
 /// sled's configuration for the store at `path`: what the store was made with where sled
 /// refuses a change (`made`, [`stored_conf`]; empty for a new store), `options` for the rest.
-pub(crate) fn sled_config(path: &Path, made: &str, options: &SledOptions) -> sled::Config {
+pub fn sled_config(path: &Path, made: &str, options: &SledOptions) -> sled::Config {
     let compress = compressed(made, options.zstd_level);
     let cache_bytes =
         if compress { options.cache_bytes / COMPRESSED_CACHE_DIVISOR } else { options.cache_bytes };
