@@ -17,30 +17,43 @@ use url::Url;
 use crate::table::{rate, scaled, Table};
 
 /// A pipeline as the CLI opens it, on sled in a temporary directory, its store calls counted
-/// (32 runs in flight; the collector off, so that only indexing is measured).
+/// (32 runs in flight; the collector off unless asked for, so that only indexing is
+/// measured).
 pub(crate) struct Setup {
     pub dir: tempfile::TempDir,
     pub store: Arc<Counted<Arc<dyn Store>>>,
     pub pipeline: Pipeline,
 }
 
-pub(crate) async fn setup(fetching: Fetching) -> Result<Setup> {
+pub(crate) async fn setup(fetching: Fetching, collector: Collector) -> Result<Setup> {
     let dir = tempfile::tempdir()?;
-    let (store, pipeline) = open_in(dir.path(), fetching).await?;
+    let (store, pipeline) = open_in(dir.path(), fetching, collector).await?;
     Ok(Setup { dir, store, pipeline })
+}
+
+/// Whether the workers collect old versions as they run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Collector {
+    /// Not at all: only indexing is measured.
+    Off,
+    /// As `perc replay` and `perc serve` do (`workers.gc_interval_ms`'s default).
+    AsConfigured,
 }
 
 /// The same pipeline on the store in `dir`, made there if there is none.
 pub(crate) async fn open_in(
     dir: &std::path::Path,
     fetching: Fetching,
+    collector: Collector,
 ) -> Result<(Arc<Counted<Arc<dyn Store>>>, Pipeline)> {
     // The defaults, or what `PERC_<SECTION>_<KEY>` variables set (to measure a setting).
     let env: Vec<(String, String)> = std::env::vars().collect();
     let mut config = perc_pipeline::config::load(None, &env, &[])?;
     config.store.data = dir.display().to_string();
     config.workers.concurrency = 32;
-    config.workers.gc_interval_ms = 0;
+    if collector == Collector::Off {
+        config.workers.gc_interval_ms = 0;
+    }
     let sled = perc_pipeline::open_store(&config, Create::IfMissing).await?;
     let store = Arc::new(Counted::new(sled));
     let pipeline = Pipeline::builder(config)
@@ -119,7 +132,7 @@ pub fn run(scale: f64) -> Result<()> {
         );
 
         // Replay: `perc replay` of the same WARC, to quiescence.
-        let s = setup(Fetching::Offline).await?;
+        let s = setup(Fetching::Offline, Collector::Off).await?;
         let before = s.store.counts();
         let start = Instant::now();
         let replayed =
@@ -157,7 +170,7 @@ async fn crawl_row(t: &mut Table, web: &Web, n: usize) -> Result<()> {
     perc_synth::write::site(web, dir.path())?;
     let served = perc_synth::site::serve(dir.path()).await?;
     let base = served.base();
-    let s = setup(Fetching::Live { warc_out: None }).await?;
+    let s = setup(Fetching::Live { warc_out: None }, Collector::Off).await?;
     let seeds: Vec<Url> =
         (0..n).step_by(97).map(|i| base.join(&format!("p/{i}.html")).unwrap()).collect();
     let scope = CrawlScope {

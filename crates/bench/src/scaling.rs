@@ -1,8 +1,9 @@
 //! The paper's claim, measured: an update costs what the update touches, not what the
 //! repository holds. On synthetic webs (perc-synth) of 1k, 10k and 100k pages:
 //!
-//! 1. replay (load every page while the workers index, until quiescent): pages/s, store
-//!    calls per page, peak RSS, store size on disk;
+//! 1. replay (load every page while the workers index and collect old versions as
+//!    `perc replay`'s do, until quiescent): pages/s, store calls per page, peak RSS, store
+//!    size on disk; then a collection pass over the whole store;
 //! 2. update latency: change one page's content and links, and time until all its effects
 //!    are indexed (the workers quiescent again), p50 and p99 over 100 updates;
 //! 3. a full rebuild of the 100k pages (the replay from scratch) against one update;
@@ -24,6 +25,7 @@ use perc_notify::Workers;
 use perc_pipeline::Fetching;
 use perc_synth::{Change, Spec, Web};
 
+use crate::pipeline::Collector;
 use crate::table::{in_a_child, rate, scaled, Table};
 
 const UPDATES: usize = 100;
@@ -171,7 +173,7 @@ pub fn one(pages: usize, options: Options) -> Result<()> {
 
 pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
     let crate::pipeline::Setup { dir, store, pipeline } =
-        crate::pipeline::setup(Fetching::Offline).await?;
+        crate::pipeline::setup(Fetching::Offline, Collector::AsConfigured).await?;
     let loader = pipeline.client().clone();
     // Updates arrive while the workers run, as in `perc serve`: they are started here and
     // waited on after each load, rather than run to quiescence per command.
@@ -201,8 +203,9 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
     let replay_rss_kb = peak_rss_kb();
     let calls = store.counts().row_ops() - before.row_ops();
     let indexed = perc_observers::page_count(&loader).await?;
-    // A running system collects old versions as it goes (every `gc_interval_ms`); the bulk
-    // load outran the interval, so collect once before measuring updates. The pass collects
+    // The workers collect as `perc replay` does (the rows they emptied within seconds, a
+    // pass over the store every `gc_interval_ms` at most, a tenth of the time at most), and a
+    // pass over the store, measured, runs before the updates. It collects
     // below the smallest low watermark the clients published, and the workers publish theirs
     // with each heartbeat: after a replay shorter than its period, the one from their start,
     // and the pass removed nothing (at 1k pages, half the runs; the updates then ran on every
@@ -269,7 +272,8 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
     // 3. The updates again on the compacted store, opened anew as a restarted `perc serve`
     // opens it: other pages, new versions; a few first, unmeasured, to bring its index nodes
     // into the cache as a running process has them.
-    let (store, pipeline) = crate::pipeline::open_in(dir.path(), Fetching::Offline).await?;
+    let (store, pipeline) =
+        crate::pipeline::open_in(dir.path(), Fetching::Offline, Collector::AsConfigured).await?;
     let loader = pipeline.client().clone();
     let workers = Workers::start(pipeline.engine().clone(), &tokio::runtime::Handle::current());
     updates(&loader, &store, &workers, &web, series[1]).await?;

@@ -2,10 +2,11 @@
 //! oracle and the clock, heartbeats its liveness row, publishes the low watermark below which
 //! none of its transactions will read, and retries whole transactions on conflict.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use perc_oracle::Oracle;
 use perc_store::{Store, Ts};
 use rand::rngs::SmallRng;
@@ -49,7 +50,23 @@ pub(crate) struct Inner {
     pub(crate) active: Mutex<BTreeMap<Ts, usize>>,
     pub(crate) last_seen_ts: AtomicU64,
     pub(crate) rng: Mutex<SmallRng>,
+    /// Rows this client's commits left with nothing but deletes, for the prompt collection
+    /// ([`crate::gc::collect_deleted`]).
+    pub(crate) deleted: Mutex<Deleted>,
 }
+
+/// Rows whose newest writes are deletes, each with the commit timestamp of the transaction
+/// that deleted it, in commit order: the prompt collection removes a row once the safe point
+/// has passed it, so that rows written to be taken and deleted (a stage's change rows, a
+/// queue) leave the store within seconds, not at the next pass over the whole store.
+#[derive(Default)]
+pub(crate) struct Deleted {
+    rows: VecDeque<(Ts, Bytes)>,
+}
+
+/// The most rows [`Deleted`] holds: past it, rows are left to the full pass (the queue bounds
+/// its memory, ~100 bytes a row, when the collector falls behind).
+const DELETED_MAX: usize = 1 << 18;
 
 impl Client {
     /// Registers a new client (its id is a fresh oracle timestamp, so unique) and returns its
@@ -95,6 +112,7 @@ impl Client {
                 active: Mutex::new(BTreeMap::new()),
                 last_seen_ts: AtomicU64::new(first.0),
                 rng: Mutex::new(rng),
+                deleted: Mutex::new(Deleted::default()),
             }),
         })
     }
@@ -117,6 +135,29 @@ impl Client {
     }
     pub fn config(&self) -> &TxnConfig {
         &self.inner.config
+    }
+
+    /// Remembers `rows`, emptied by deletes that committed at `commit_ts`, for the prompt
+    /// collection (as many as fit).
+    pub(crate) fn note_deleted(&self, commit_ts: Ts, rows: impl IntoIterator<Item = Bytes>) {
+        let mut deleted = self.inner.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        for row in rows {
+            if deleted.rows.len() >= DELETED_MAX {
+                return;
+            }
+            deleted.rows.push_back((commit_ts, row));
+        }
+    }
+
+    /// Takes the remembered rows deleted at or before `point` (a safe point), in commit order.
+    /// Rows from commits that finished out of timestamp order wait behind a later one.
+    pub(crate) fn take_deleted(&self, point: Ts) -> Vec<Bytes> {
+        let mut deleted = self.inner.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut taken = Vec::new();
+        while deleted.rows.front().is_some_and(|(ts, _)| *ts <= point) {
+            taken.extend(deleted.rows.pop_front().map(|(_, row)| row));
+        }
+        taken
     }
 
     /// Refreshes this worker's heartbeat. A worker that runs long calls this periodically

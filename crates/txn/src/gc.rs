@@ -18,6 +18,9 @@
 //! columns and are collected the same way (the notification layer deletes its notify cells
 //! itself, as it processes them).
 //! Registry rows of workers dead for ten liveness TTLs are removed.
+//!
+//! Besides the pass over the whole store, a prompt collection ([`collect_deleted`]) cleans the
+//! rows the client's own commits emptied, as soon as the safe point passes their delete.
 
 use crate::{actions, Client, TxnError, WriteKind, WriteRecord};
 use bytes::Bytes;
@@ -103,6 +106,48 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
     // The versions dropped may have been the last references to values the backend can now
     // let go of (the sled backend's value log).
     store.maintain().await?;
+    Ok(report)
+}
+
+/// The prompt collection: the rows this client's commits emptied (only deletes), whose deletes
+/// the safe point has passed, cleaned row by row, `batch` rows a read. Rows deleted to be gone
+/// (a stage's change rows, taken and deleted by its next run) so leave the store seconds
+/// after their delete, where the pass over the whole store would find them only after it
+/// went round (minutes, on a big store): until then each is a key sled keeps a record of.
+pub async fn collect_deleted(client: &Client, batch: usize) -> Result<GcReport, TxnError> {
+    let g = safe_point(client).await?;
+    let mut report = GcReport { safe_point: g, ..GcReport::default() };
+    let mut rows = client.take_deleted(g);
+    rows.sort();
+    rows.dedup();
+    for chunk in rows.chunks(batch.max(1)) {
+        let scans: Vec<Scan> = chunk
+            .iter()
+            .map(|row| {
+                let mut end = row.to_vec();
+                end.push(0);
+                Scan {
+                    family: actions::WRITE.name,
+                    start: row.clone(),
+                    end: Bytes::from(end),
+                    limit: usize::MAX,
+                }
+            })
+            .collect();
+        for cells in client.store().scan_many(&scans).await? {
+            let groups: Vec<Vec<ScanCell>> = cells
+                .chunk_by(|a, b| a.qualifier == b.qualifier)
+                .map(<[ScanCell]>::to_vec)
+                .collect();
+            if groups.is_empty() {
+                continue;
+            }
+            report.cells_seen += groups.len() as u64;
+            let (cleaned, removed) = clean_row(client, &groups, g).await?;
+            report.cells_cleaned += cleaned;
+            report.write_records_removed += removed;
+        }
+    }
     Ok(report)
 }
 

@@ -88,6 +88,48 @@ fn a_consumer_takes_rows_by_its_mark_and_deletes_them_without_locks() {
     });
 }
 
+#[test]
+fn the_prompt_collection_removes_emptied_rows_once_no_reader_can_see_them() {
+    rt().block_on(async {
+        let (counted, c) = common::counted_client().await;
+        let store: &dyn Store = counted.as_ref();
+        let mut t = c.begin().await.unwrap();
+        for i in 0..3 {
+            t.set_unchecked(format!("q:{i}"), "v", format!("{i}"));
+        }
+        t.set("keep", "v", "1");
+        t.commit().await.unwrap();
+        // One row taken by a delete at commit, one deleted in the transaction, and a row
+        // that keeps a live cell beside its deleted one.
+        let reader = c.begin().await.unwrap();
+        let mut consumer = c.begin().await.unwrap();
+        consumer.set("mark", "folded", "1");
+        consumer.delete_at_commit(Bytes::from("q:0"), b"v");
+        consumer.delete("q:1", "v");
+        consumer.delete("keep", "v");
+        consumer.set("keep", "w", "2");
+        consumer.commit().await.unwrap().unwrap();
+        // A reader older than the deletes still reads the rows: nothing is collected.
+        let report = gc::collect_deleted(&c, 64).await.unwrap();
+        assert_eq!(report.cells_cleaned, 0);
+        assert_eq!(queue(&reader).await.len(), 3);
+        drop(reader);
+        let report = gc::collect_deleted(&c, 64).await.unwrap();
+        assert_eq!(report.cells_cleaned, 2, "{report:?}");
+        let rows_of = |family| async move {
+            let cells = store.scan(&Scan::whole(family, usize::MAX)).await.unwrap();
+            let mut rows: Vec<Bytes> = cells.into_iter().map(|c| c.row).collect();
+            rows.dedup();
+            rows
+        };
+        // Gone whole; the untouched row, and the row with a live cell, are still there.
+        assert_eq!(rows_of("data").await, ["keep", "mark", "q:2"].map(Bytes::from));
+        // Taken: a second call reads nothing.
+        let again = gc::collect_deleted(&c, 64).await.unwrap();
+        assert_eq!(again.cells_seen, 0);
+    });
+}
+
 /// A client whose queue holds one row, `q:0`.
 async fn with_a_row_queued() -> perc_txn::Client {
     let (_, c) = common::counted_client().await;

@@ -39,30 +39,47 @@ fn gc_wait_ms(every_ms: u64, took_ms: u64) -> u64 {
     every_ms.saturating_sub(took_ms).max(took_ms.saturating_mul(u64::from(GC_SHARE - 1)))
 }
 
+/// How often the prompt collection ([`gc::collect_deleted`]) runs between passes.
+const PROMPT_MS: u64 = 1_000;
+
 /// Collects old versions in passes over the store. Often enough that a row rewritten every
 /// few seconds (a page recrawled at a high rate) carries few old versions each time it is
 /// rewritten: the versions are bytes every rewrite writes again into sled's log (at ~400
 /// refetches a second the log grew 30-70 MiB a minute collected every minute, ~10 MiB a
-/// minute collected every 10 s).
+/// minute collected every 10 s). Between passes, every second, the rows this worker's
+/// commits emptied are collected as soon as no reader can see them: on a big store a pass
+/// comes minutes apart, and the change rows a bulk load writes and takes would otherwise stay
+/// until then (each a key that sled keeps a record of in memory).
 pub(super) async fn collector(shared: Arc<Shared>) {
     let engine = shared.engine.clone();
+    let client = engine.client();
+    let clock = client.clock().clone();
     let every = engine.config().gc_interval_ms;
-    let mut wait = every;
+    let mut next_pass = clock.now_ms().saturating_add(every);
     while !shared.stop.is_cancelled() {
+        let wait = next_pass.saturating_sub(clock.now_ms()).min(PROMPT_MS.min(every));
         tokio::select! {
             _ = shared.stop.cancelled() => return,
-            _ = engine.client().clock().sleep_ms(wait) => {}
+            _ = clock.sleep_ms(wait) => {}
         }
-        let clock = engine.client().clock();
         let started = clock.now_ms();
-        match gc::collect(engine.client(), engine.config().scan_batch).await {
-            Ok(r) => tracing::debug!(?r, "garbage collection pass"),
+        let full = started >= next_pass;
+        let done = if full {
+            gc::collect(client, engine.config().scan_batch).await
+        } else {
+            gc::collect_deleted(client, engine.config().scan_batch).await
+        };
+        match done {
+            Ok(r) => tracing::debug!(?r, full, "garbage collection"),
             Err(e) => {
                 engine.note(&e);
                 tracing::warn!(error = %e, "garbage collection failed");
             }
         }
-        wait = gc_wait_ms(every, clock.now_ms().saturating_sub(started));
+        if full {
+            let ended = clock.now_ms();
+            next_pass = ended.saturating_add(gc_wait_ms(every, ended.saturating_sub(started)));
+        }
     }
 }
 
