@@ -56,8 +56,8 @@ use perc_txn::TxnError;
 
 pub use load::{known_urls, load_recorded, next_due, recrawl_due, refetch, seed, seed_more};
 pub use query::{
-    canonical, export, export_each, fetch_state, page_count, page_info, report, report_since,
-    PageInfo, Report,
+    canonical, export, export_each, fetch_state, links_each, page_count, page_info, report,
+    report_since, PageInfo, Report,
 };
 pub use upgrade::{upgrade, Upgraded, LAYOUT};
 

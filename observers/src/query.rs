@@ -2,10 +2,12 @@
 //! time), one URL's record, a URL's canonical. Each reads one snapshot.
 
 use bytes::Bytes;
-use perc_txn::{Client, RangeScan};
+use std::collections::{BTreeMap, BTreeSet};
+
+use perc_txn::{Client, RangeScan, Transaction};
 use url::Url;
 
-use crate::model::{self, col, rows, ExportLine, Meta, PageKind, Want};
+use crate::model::{self, col, rows, ExportLine, LinkLine, Meta, PageKind, Want};
 use crate::IndexError;
 
 /// How many pages the export holds (their lines are counted, not read with their inlinks).
@@ -200,6 +202,92 @@ pub async fn export_each<E: From<IndexError>>(
 
 /// The export lines read at a time.
 const EXPORT_PAGE: usize = 512;
+
+/// The link graph, one edge at a time in (to, from) order (the order of the `e:` rows), each
+/// with the page it counts for, all at one snapshot: memory holds one page of edges
+/// ([`LINKS_PAGE`]). An error from `each` stops it and is returned.
+pub async fn links_each<E: From<IndexError>>(
+    client: &Client,
+    mut each: impl FnMut(LinkLine) -> Result<(), E>,
+) -> Result<(), E> {
+    let t = client.begin().await.map_err(IndexError::from)?;
+    let (mut from, end) = (Bytes::from_static(rows::EDGES.start()), rows::EDGES.end());
+    loop {
+        let range = RangeScan::new(&from, end, col::EDGE).first(LINKS_PAGE);
+        let page = t.scan_each(&[range]).await.map_err(IndexError::from)?.pop().unwrap_or_default();
+        let Some((last, _)) = page.last() else { return Ok(()) };
+        from = Bytes::from([last.as_ref(), b"\0"].concat());
+        let full = page.len() == LINKS_PAGE;
+        let edges: Vec<(&str, &str, Bytes)> = page
+            .iter()
+            .filter_map(|(row, anchor)| {
+                let (to, source) = rows::EDGES.key_of(row)?.split_once('\0')?;
+                Some((to, source, anchor.clone()))
+            })
+            .collect();
+        let tos: BTreeSet<&str> = edges.iter().map(|(to, _, _)| *to).collect();
+        let targets = pages_counted_for(&t, tos).await?;
+        for (to, source, anchor) in edges {
+            each(LinkLine {
+                from: source.to_string(),
+                to: to.to_string(),
+                target: targets.get(to).cloned().flatten(),
+                anchor: String::from_utf8_lossy(&anchor).into_owned(),
+            })?;
+        }
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
+/// The edges read at a time.
+const LINKS_PAGE: usize = 4096;
+
+/// For each URL, the page of the export its inlinks count for: itself if it is a page, the
+/// end of its redirect chain if it is an alias whose end is a page (as the in-degree counts
+/// them), else none. Two reads of the store for them all.
+async fn pages_counted_for<'u>(
+    t: &Transaction,
+    urls: BTreeSet<&'u str>,
+) -> Result<BTreeMap<&'u str, Option<String>>, IndexError> {
+    let keys: Vec<(Bytes, Bytes)> = urls
+        .iter()
+        .flat_map(|u| {
+            let row = model::page(u);
+            [(row.clone(), Bytes::from_static(col::META)), (row, Bytes::from_static(col::ALIAS_OF))]
+        })
+        .collect();
+    let cells = t.get_many(&keys).await?;
+    let is_page = |meta: &Option<Bytes>| -> Result<bool, IndexError> {
+        let Some(raw) = meta else { return Ok(false) };
+        let meta: Meta =
+            serde_json::from_slice(raw).map_err(|e| IndexError::corrupt("page:meta", e))?;
+        Ok(meta.kind == PageKind::Page)
+    };
+    let mut found = BTreeMap::new();
+    let mut ends = BTreeMap::new();
+    for (url, pair) in urls.into_iter().zip(cells.chunks(2)) {
+        if is_page(&pair[0])? {
+            found.insert(url, Some(url.to_string()));
+        } else {
+            let end = pair[1].as_ref().map(|e| String::from_utf8_lossy(e).into_owned());
+            found.insert(url, None);
+            if let Some(end) = end.filter(|e| !e.is_empty()) {
+                ends.insert(url, end);
+            }
+        }
+    }
+    let end_keys: Vec<(Bytes, Bytes)> =
+        ends.values().map(|e| (model::page(e), Bytes::from_static(col::META))).collect();
+    let end_metas = t.get_many(&end_keys).await?;
+    for ((url, end), meta) in ends.into_iter().zip(end_metas) {
+        if is_page(&meta)? {
+            found.insert(url, Some(end));
+        }
+    }
+    Ok(found)
+}
 
 /// What perc knows about one URL.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -93,6 +93,10 @@ pub(crate) enum Command {
     Export {
         #[arg(long)]
         out: PathBuf,
+        /// The link graph instead: one line an edge (from, to, the page it counts for,
+        /// anchor), sorted by (to, from).
+        #[arg(long)]
+        links: bool,
     },
     /// Fetch known pages again and update the index incrementally.
     Refetch {

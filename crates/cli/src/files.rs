@@ -54,33 +54,43 @@ impl Replacement<'_> {
     }
 }
 
+/// What `perc export` writes: the pages' lines, or the link graph's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exported {
+    Pages,
+    Links,
+}
+
 /// Writes the export as it is read, to stdout for `-`, else through a temporary file (see
-/// [`write_atomically`]); returns the number of pages.
-pub(crate) async fn write_export(app: &Pipeline, out: &Path) -> Result<usize> {
+/// [`write_atomically`]); returns the number of lines.
+pub(crate) async fn write_export(app: &Pipeline, out: &Path, what: Exported) -> Result<usize> {
     if out.as_os_str() == "-" {
         let mut f = std::io::BufWriter::new(std::io::stdout().lock());
-        let n = export_lines(app, &mut f).await?;
+        let n = export_lines(app, &mut f, what).await?;
         f.flush()?;
         return Ok(n);
     }
     let mut tmp = Replacement::create(out)?;
-    let n = export_lines(app, &mut tmp.file).await?;
+    let n = export_lines(app, &mut tmp.file, what).await?;
     tmp.finish()?;
     Ok(n)
 }
 
-/// The export as JSON Lines into `w`; returns the number of lines.
-pub(crate) async fn export_lines(app: &Pipeline, w: &mut impl Write) -> Result<usize> {
-    let n = app
-        .export(|l| {
-            serde_json::to_writer(&mut *w, &l)
-                .map_err(std::io::Error::from)
-                .and_then(|()| w.write_all(b"\n"))
-                .map_err(|cause| PipelineError::Io {
-                    what: "cannot write the export".into(),
-                    cause,
-                })
-        })
-        .await?;
+/// The export (or the link graph) as JSON Lines into `w`; returns the number of lines.
+pub(crate) async fn export_lines(
+    app: &Pipeline,
+    w: &mut impl Write,
+    what: Exported,
+) -> Result<usize> {
+    fn line(w: &mut impl Write, l: &impl serde::Serialize) -> perc_pipeline::Result<()> {
+        serde_json::to_writer(&mut *w, l)
+            .map_err(std::io::Error::from)
+            .and_then(|()| w.write_all(b"\n"))
+            .map_err(|cause| PipelineError::Io { what: "cannot write the export".into(), cause })
+    }
+    let n = match what {
+        Exported::Pages => app.export(|l| line(w, &l)).await?,
+        Exported::Links => app.export_links(|l| line(w, &l)).await?,
+    };
     Ok(n)
 }

@@ -12,7 +12,7 @@ use perc_pipeline::{config, CrawlScope, Create, Fetching, Pipeline, PipelineErro
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use crate::files::write_export;
+use crate::files::{write_export, Exported};
 use crate::input::{crawl_scope, parse_url, read_seeds, search_limit};
 
 /// `perc crawl`.
@@ -83,14 +83,15 @@ pub(crate) async fn search_command(
     print_hits(&query.join(" "), hits?)
 }
 
-/// `perc export --out FILE`.
-pub(crate) async fn export(config: config::Config, out: &Path) -> Result<ExitCode> {
+/// `perc export [--links] --out FILE`.
+pub(crate) async fn export(config: config::Config, out: &Path, what: Exported) -> Result<ExitCode> {
     let app = existing!(config, Fetching::Offline, "export");
-    let written = write_export(&app, out).await;
+    let written = write_export(&app, out, what).await;
     app.close().await?;
     let n = written?;
     if out.as_os_str() != "-" {
-        out!("exported {n} pages to {}", out.display());
+        let unit = if what == Exported::Links { "links" } else { "pages" };
+        out!("exported {n} {unit} to {}", out.display());
     }
     Ok(ExitCode::SUCCESS)
 }

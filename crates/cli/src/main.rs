@@ -264,7 +264,10 @@ async fn dispatch(
         Command::Search { query, limit } => {
             local::search_command(config, &query, limit, stop).await
         }
-        Command::Export { out } => local::export(config, &out).await,
+        Command::Export { out, links } => {
+            let what = if links { files::Exported::Links } else { files::Exported::Pages };
+            local::export(config, &out, what).await
+        }
         Command::Refetch { urls, all } => local::refetch(config, &urls, all, stop).await,
         Command::Status => local::status_command(config).await,
         Command::Wait => local::wait(config, stop).await,

@@ -120,11 +120,13 @@ impl Served {
         Ok(Answer { status, body: r.text().await.map_err(|e| self.fail(e))? })
     }
 
-    /// `GET /v1/export` into `w`, as it streams; the number of lines.
-    pub async fn export(&self, w: &mut impl Write) -> Result<usize> {
+    /// `GET /v1/export` (with `links`, `?links=1`) into `w`, as it streams; the number of
+    /// lines.
+    pub async fn export(&self, w: &mut impl Write, links: bool) -> Result<usize> {
+        let query = if links { "?links=1" } else { "" };
         let mut r = self
             .http
-            .get(format!("{}/v1/export", self.base))
+            .get(format!("{}/v1/export{query}", self.base))
             .send()
             .await
             .map_err(|e| self.fail(e))?;
@@ -184,17 +186,18 @@ pub(crate) async fn through_server(
             }
             out!("{}", answer.ok()?.trim_end());
         }
-        Command::Export { out } => {
+        Command::Export { out, links } => {
             let n = if out.as_os_str() == "-" {
                 let mut f = std::io::BufWriter::new(std::io::stdout().lock());
-                let n = served.export(&mut f).await?;
+                let n = served.export(&mut f, links).await?;
                 f.flush()?;
                 n
             } else {
                 let mut tmp = Replacement::create(&out)?;
-                let n = served.export(&mut tmp.file).await?;
+                let n = served.export(&mut tmp.file, links).await?;
                 tmp.finish()?;
-                out!("exported {n} pages to {}", out.display());
+                let unit = if links { "links" } else { "pages" };
+                out!("exported {n} {unit} to {}", out.display());
                 n
             };
             tracing::debug!(lines = n, "exported through perc serve");

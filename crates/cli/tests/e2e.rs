@@ -94,6 +94,27 @@ fn crawl_matches_golden_and_replay_matches_crawl() {
     assert_eq!(private.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&private.stderr).contains("disallowed by robots.txt"));
 
+    // export --links: an edge a line, sorted by (to, from), each with the page it counts for.
+    let links = ok(&perc(&crawl_data, &["export", "--links", "--out", "-"]));
+    let links: Vec<serde_json::Value> =
+        links.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let key = |l: &serde_json::Value| (l["to"].to_string(), l["from"].to_string());
+    assert!(links.windows(2).all(|w| key(&w[0]) < key(&w[1])), "sorted, one line an edge");
+    let into = |u: &str| -> serde_json::Value {
+        links.iter().find(|l| l["to"] == site.url(u)).cloned().expect(u)
+    };
+    assert_eq!(into("old-about")["target"], site.url("about.html"), "an alias: its page");
+    assert_eq!(into("old-about")["from"], site.url(""));
+    assert_eq!(into("missing.html")["target"], serde_json::Value::Null, "a 404: none");
+    assert_eq!(into("about.html")["target"], site.url("about.html"));
+    let inlinks: usize = crawled
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|l| l["inlinks"].as_array().unwrap().len())
+        .sum();
+    let counted = links.iter().filter(|l| !l["target"].is_null()).count();
+    assert_eq!(counted, inlinks, "every edge into a page is some canonical's inlink");
+
     // page: the export line, or why not.
     let page = ok(&perc(&crawl_data, &["page", &site.url("missing.html")]));
     assert!(page.contains("\"reason\":\"HTTP 404\""), "{page}");

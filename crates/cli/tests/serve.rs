@@ -184,6 +184,9 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
         server.get(&format!("/v1/page?url={}", q(&site.url("manual/latest.html")))).1
     );
     assert_eq!(common::ok(&cli(&["export", "--out", "-"])), server.get("/v1/export").1);
+    let links = server.get("/v1/export?links=1").1;
+    assert!(links.lines().count() > 17 && links.contains("\"target\":null"), "{links}");
+    assert_eq!(common::ok(&cli(&["export", "--links", "--out", "-"])), links);
     let searched = common::ok(&cli(&["search", "widget", "care", "--limit", "1"]));
     let first = format!("{{\"url\":\"{}\"", site.url("products/widget-care.html"));
     assert!(searched.starts_with(&first), "{searched}");
@@ -209,6 +212,7 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
     server.fails("/v1/canonical?url=a&url=b", 400, "url given more than once");
     server.fails("/v1/canonical?url=not%20a%20url", 400, "url \"not a url\"");
     server.fails("/v1/canonical?url=ftp://h.test/x", 400, "url \"ftp://h.test/x\"");
+    server.fails("/v1/export?links=yes", 400, "links \"yes\": it must be 1 or 0");
     server.fails("/v1/nothing", 404, "no such endpoint: /v1/nothing");
     server.fails("/v2/canonical", 404, "no such endpoint: /v2/canonical");
     let (code, page) = server.get("/");

@@ -116,6 +116,21 @@ impl Pipeline {
         Ok(n)
     }
 
+    /// The link graph, one edge at a time in (to, from) order, at one snapshot
+    /// (`perc export --links`); returns how many edges.
+    pub async fn export_links(
+        &self,
+        mut each: impl FnMut(perc_observers::model::LinkLine) -> Result<()>,
+    ) -> Result<usize> {
+        let mut n = 0;
+        perc_observers::links_each(&self.client, |l| {
+            n += 1;
+            each(l)
+        })
+        .await?;
+        Ok(n)
+    }
+
     /// Hands the search queue (docs/serve.md, "Search") to `apply`, `max` rows a
     /// transaction; `apply` makes a search index hold what they ask for durably, then they
     /// are deleted (see `perc_observers::search::drain`). `apply`'s error leaves them queued

@@ -236,6 +236,22 @@ async fn drain_into(h: &Pipeline, mirror: &mut Mirror) {
 }
 
 /// The mirror, once drained, against the documents of the store's final state.
+/// The link graph (`perc export --links`) equals the reference's.
+async fn check_links(h: &Pipeline, fetched: &BTreeMap<String, Response>) -> Result<(), String> {
+    let mut got = Vec::new();
+    perc_observers::links_each(h.client(), |l| {
+        got.push(l);
+        Ok::<_, perc_observers::IndexError>(())
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let want = perc_reference::Reference::of(fetched).link_lines();
+    if got != want {
+        return Err(format!("the link graph differs\n got: {got:?}\nwant: {want:?}"));
+    }
+    Ok(())
+}
+
 async fn check_search(h: &Pipeline, mirror: &mut Mirror) -> Result<(), String> {
     drain_into(h, mirror).await;
     let mut want = Mirror::new();
@@ -344,6 +360,7 @@ fn random_webs(k: u64) {
             if got != want {
                 return Err(format!("incremental export differs\n got: {got}\nwant: {want}"));
             }
+            check_links(&h, &fetched).await?;
             check_search(&h, &mut mirror).await
         });
         if let Err(e) = outcome {
@@ -696,6 +713,7 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
                     "concurrent workers' export differs\n got: {got}\nwant: {want}"
                 ));
             }
+            check_links(&h, &fetched).await?;
             check_search(&h, &mut mirror).await
         });
         if let Err(e) = outcome {

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use perc_crawl::{ParsedPage, Response};
-use perc_observers::model::{ExportLine, Inlink};
+use perc_observers::model::{ExportLine, Inlink, LinkLine};
 use url::Url;
 
 /// The most near-duplicates a line lists, and the bits two simhashes may differ by.
@@ -258,6 +258,27 @@ impl Reference {
                 inlinks: links,
             });
         }
+        out
+    }
+}
+
+impl Reference {
+    /// The link graph (`perc export --links`): an edge for each page's link, with the page it
+    /// counts for (the end of the target's redirects, if that is a page), in (to, from) order.
+    pub fn link_lines(&self) -> Vec<LinkLine> {
+        let mut out = Vec::new();
+        for (from, p) in &self.pages {
+            for (to, anchor, _) in &p.links {
+                let target = self.final_of(to).filter(|f| self.pages.contains_key(f));
+                out.push(LinkLine {
+                    from: from.clone(),
+                    to: to.clone(),
+                    target,
+                    anchor: anchor.clone(),
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.to, &a.from).cmp(&(&b.to, &b.from)));
         out
     }
 }

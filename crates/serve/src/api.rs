@@ -375,12 +375,23 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     Ok(Json(serde_json::json!({"query": query, "hits": hits})).into_response())
 }
 
-/// `GET /v1/export`: the export as JSON Lines, streamed: the bytes `perc export` writes. The
+/// `GET /v1/export`: the export as JSON Lines, streamed: the bytes `perc export` writes
+/// (`?links=1`: the link graph, the bytes `perc export --links` writes). The
 /// export hands its lines to a callback; each waits (`block_in_place`, so the runtime's other
 /// tasks go on) until the response has room: memory holds a few lines, not the export. At
 /// most `serve.exports_max` stream at once (503 beyond), and a client that takes no line for
 /// `serve.stall_ms` is cut off, which ends the export's snapshot too.
-async fn export(State(s): State<Arc<Served>>) -> Answer {
+async fn export(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
+    let links = match optional_param(q.as_deref(), "links", s.query_bytes_max)?.as_deref() {
+        None | Some("0") | Some("false") => false,
+        Some("1") | Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("links {other:?}: it must be 1 or 0 (true or false)"),
+            ))
+        }
+    };
     let Ok(permit) = s.exports.clone().try_acquire_owned() else {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -393,17 +404,19 @@ async fn export(State(s): State<Arc<Served>>) -> Answer {
         let _permit = permit;
         let tx2 = tx.clone();
         let rt = tokio::runtime::Handle::current();
-        let result = app
-            .export(|line| {
-                let mut text = serde_json::to_vec(&line).expect("serializable");
-                text.push(b'\n');
-                // A client that went away, or stalled, ends the export.
-                let sent = tokio::task::block_in_place(|| {
-                    rt.block_on(tx2.send_timeout(Ok(Bytes::from(text)), stall))
-                });
-                sent.map_err(|_| PipelineError::Interrupted)
-            })
-            .await;
+        let send = |mut text: Vec<u8>| {
+            text.push(b'\n');
+            // A client that went away, or stalled, ends the export.
+            let sent = tokio::task::block_in_place(|| {
+                rt.block_on(tx2.send_timeout(Ok(Bytes::from(text)), stall))
+            });
+            sent.map_err(|_| PipelineError::Interrupted)
+        };
+        let result = if links {
+            app.export_links(|line| send(json_of(&line))).await
+        } else {
+            app.export(|line| send(json_of(&line))).await
+        };
         if let Err(e) = result {
             if !matches!(e, PipelineError::Interrupted) {
                 let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
@@ -414,6 +427,11 @@ async fn export(State(s): State<Arc<Served>>) -> Answer {
         rx.recv().await.map(|item| (item, rx))
     }));
     Ok(([(header::CONTENT_TYPE, "application/jsonl")], body).into_response())
+}
+
+/// A line of either export, as its JSON.
+fn json_of(line: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(line).expect("an export line serializes")
 }
 
 async fn unknown_path(uri: Uri) -> ApiError {
@@ -474,13 +492,13 @@ mod tests {
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let s = served(300, 1, 300).await;
-            let stalled = export(State(s.clone())).await.unwrap();
+            let stalled = export(State(s.clone()), RawQuery(None)).await.unwrap();
             assert_eq!(stalled.status(), StatusCode::OK);
             let mut body = stalled.into_body().into_data_stream();
             let first = body.next().await.unwrap().unwrap();
             assert!(first.starts_with(b"{\"url\":\"http://h.test/p0\""), "{first:?}");
             // The client reads no more: the export holds its turn until it is cut off.
-            let refused = export(State(s.clone())).await.unwrap_err();
+            let refused = export(State(s.clone()), RawQuery(None)).await.unwrap_err();
             assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE, "{}", refused.message);
             assert!(refused.message.contains("serve.exports_max"), "{}", refused.message);
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -496,7 +514,7 @@ mod tests {
             }
             assert!((1..300).contains(&lines), "{lines} lines");
             // A client that reads gets the whole export.
-            let whole = export(State(s.clone())).await.unwrap();
+            let whole = export(State(s.clone()), RawQuery(None)).await.unwrap();
             let bytes = axum::body::to_bytes(whole.into_body(), usize::MAX).await.unwrap();
             assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 300);
         });

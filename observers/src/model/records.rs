@@ -250,6 +250,18 @@ pub struct ExportLine {
     pub inlinks: Vec<Inlink>,
 }
 
+/// One edge of the link graph (`perc export --links`, spec §7): `from` links to `to` with
+/// this anchor; `target` is the page of the export the edge counts for (`to` itself, or the
+/// end of its redirect chain), `None` when there is none (a 404, a URL not fetched, a
+/// redirect that ends nowhere).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkLine {
+    pub from: String,
+    pub to: String,
+    pub target: Option<String>,
+    pub anchor: String,
+}
+
 /// The most near-duplicates a line lists (spec §6.4a: the 20 smallest).
 pub const NEAR_LISTED_MAX: usize = 20;
 
