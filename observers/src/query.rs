@@ -1,9 +1,9 @@
 //! The queries: what users ask the index. Its report, the export (whole or a line at a
 //! time), one URL's record, a URL's canonical. Each reads one snapshot.
 
-use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
 use perc_txn::{Client, RangeScan, Transaction};
 use url::Url;
 

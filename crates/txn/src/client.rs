@@ -61,6 +61,9 @@ pub(crate) struct Inner {
 /// queue) leave the store within seconds, not at the next pass over the whole store.
 #[derive(Default)]
 pub(crate) struct Deleted {
+    /// Whether a collector takes them ([`Client::collect_promptly`]): a client without one
+    /// remembers nothing.
+    on: bool,
     rows: VecDeque<(Ts, Bytes)>,
 }
 
@@ -137,10 +140,23 @@ impl Client {
         &self.inner.config
     }
 
+    /// Whether this client's commits remember the rows they empty, for a collector that calls
+    /// [`crate::gc::collect_deleted`] with it (off by default; off again, it forgets them).
+    pub fn collect_promptly(&self, on: bool) {
+        let mut deleted = self.inner.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        deleted.on = on;
+        if !on {
+            deleted.rows.clear();
+        }
+    }
+
     /// Remembers `rows`, emptied by deletes that committed at `commit_ts`, for the prompt
-    /// collection (as many as fit).
+    /// collection (as many as fit), if it is on.
     pub(crate) fn note_deleted(&self, commit_ts: Ts, rows: impl IntoIterator<Item = Bytes>) {
         let mut deleted = self.inner.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        if !deleted.on {
+            return;
+        }
         for row in rows {
             if deleted.rows.len() >= DELETED_MAX {
                 return;

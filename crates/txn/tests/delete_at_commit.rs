@@ -93,6 +93,7 @@ fn the_prompt_collection_removes_emptied_rows_once_no_reader_can_see_them() {
     rt().block_on(async {
         let (counted, c) = common::counted_client().await;
         let store: &dyn Store = counted.as_ref();
+        c.collect_promptly(true);
         let mut t = c.begin().await.unwrap();
         for i in 0..3 {
             t.set_unchecked(format!("q:{i}"), "v", format!("{i}"));
@@ -127,6 +128,12 @@ fn the_prompt_collection_removes_emptied_rows_once_no_reader_can_see_them() {
         // Taken: a second call reads nothing.
         let again = gc::collect_deleted(&c, 64).await.unwrap();
         assert_eq!(again.cells_seen, 0);
+        // A client that no collector drains remembers nothing.
+        c.collect_promptly(false);
+        let mut t = c.begin().await.unwrap();
+        t.delete("q:2", "v");
+        t.commit().await.unwrap().unwrap();
+        assert_eq!(gc::collect_deleted(&c, 64).await.unwrap().cells_seen, 0);
     });
 }
 

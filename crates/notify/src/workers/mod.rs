@@ -210,6 +210,8 @@ impl Workers {
         let s = shared.clone();
         tasks.push(handle.spawn(async move { heartbeat(s).await }));
         if config.gc_interval_ms > 0 {
+            // The collector takes the rows the workers' commits empty, as they commit.
+            shared.engine.client().collect_promptly(true);
             let s = shared.clone();
             tasks.push(handle.spawn(async move { collector(s).await }));
         }
