@@ -203,14 +203,13 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
     let replay_rss_kb = peak_rss_kb();
     let calls = store.counts().row_ops() - before.row_ops();
     let indexed = perc_observers::page_count(&loader).await?;
-    // The workers collect as `perc replay` does (the rows they emptied within seconds, a
-    // pass over the store every `gc_interval_ms` at most, a tenth of the time at most), and a
-    // pass over the store, measured, runs before the updates. It collects
-    // below the smallest low watermark the clients published, and the workers publish theirs
-    // with each heartbeat: after a replay shorter than its period, the one from their start,
-    // and the pass removed nothing (at 1k pages, half the runs; the updates then ran on every
-    // version, a p50 of ~22 ms against ~14). A running system's collector beats first, in the
-    // workers; so does this one.
+    // The workers collect as `perc replay`'s do (the rows they emptied within seconds, a pass
+    // over the store every `gc_interval_ms` at most, a tenth of the time at most); a pass,
+    // measured, runs before the updates. It collects below the smallest low watermark the
+    // clients published, and the workers publish theirs with each heartbeat: after a replay
+    // shorter than its period, the one from their start, and the pass removed nothing (at 1k
+    // pages, half the runs; the updates then ran on every version, a p50 of ~22 ms against
+    // ~14). So the workers beat first, as a running system's collector does in them.
     workers.engine().client().heartbeat().await?;
     let gc_start = Instant::now();
     let gc = perc_txn::gc::collect(&loader, 4096).await?;

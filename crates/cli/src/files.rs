@@ -61,6 +61,25 @@ pub(crate) enum Exported {
     Links,
 }
 
+impl Exported {
+    /// What `--links` asks for.
+    pub(crate) fn of(links: bool) -> Exported {
+        if links {
+            Exported::Links
+        } else {
+            Exported::Pages
+        }
+    }
+
+    /// What a line is, for the command's report.
+    pub(crate) fn unit(self) -> &'static str {
+        match self {
+            Exported::Pages => "pages",
+            Exported::Links => "links",
+        }
+    }
+}
+
 /// Writes the export as it is read, to stdout for `-`, else through a temporary file (see
 /// [`write_atomically`]); returns the number of lines.
 pub(crate) async fn write_export(app: &Pipeline, out: &Path, what: Exported) -> Result<usize> {

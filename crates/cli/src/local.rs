@@ -90,8 +90,7 @@ pub(crate) async fn export(config: config::Config, out: &Path, what: Exported) -
     app.close().await?;
     let n = written?;
     if out.as_os_str() != "-" {
-        let unit = if what == Exported::Links { "links" } else { "pages" };
-        out!("exported {n} {unit} to {}", out.display());
+        out!("exported {n} {} to {}", what.unit(), out.display());
     }
     Ok(ExitCode::SUCCESS)
 }

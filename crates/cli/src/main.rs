@@ -265,8 +265,7 @@ async fn dispatch(
             local::search_command(config, &query, limit, stop).await
         }
         Command::Export { out, links } => {
-            let what = if links { files::Exported::Links } else { files::Exported::Pages };
-            local::export(config, &out, what).await
+            local::export(config, &out, files::Exported::of(links)).await
         }
         Command::Refetch { urls, all } => local::refetch(config, &urls, all, stop).await,
         Command::Status => local::status_command(config).await,

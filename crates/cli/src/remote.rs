@@ -15,7 +15,7 @@ use perc_pipeline::{config, PipelineError};
 use url::Url;
 
 use crate::args::Command;
-use crate::files::Replacement;
+use crate::files::{Exported, Replacement};
 use crate::input::{parse_url, read_seeds, search_limit};
 use crate::local::print_hits;
 
@@ -120,10 +120,10 @@ impl Served {
         Ok(Answer { status, body: r.text().await.map_err(|e| self.fail(e))? })
     }
 
-    /// `GET /v1/export` (with `links`, `?links=1`) into `w`, as it streams; the number of
+    /// `GET /v1/export` (the link graph: `?links=1`) into `w`, as it streams; the number of
     /// lines.
-    pub async fn export(&self, w: &mut impl Write, links: bool) -> Result<usize> {
-        let query = if links { "?links=1" } else { "" };
+    pub async fn export(&self, w: &mut impl Write, what: Exported) -> Result<usize> {
+        let query = if what == Exported::Links { "?links=1" } else { "" };
         let mut r = self
             .http
             .get(format!("{}/v1/export{query}", self.base))
@@ -187,17 +187,17 @@ pub(crate) async fn through_server(
             out!("{}", answer.ok()?.trim_end());
         }
         Command::Export { out, links } => {
+            let what = Exported::of(links);
             let n = if out.as_os_str() == "-" {
                 let mut f = std::io::BufWriter::new(std::io::stdout().lock());
-                let n = served.export(&mut f, links).await?;
+                let n = served.export(&mut f, what).await?;
                 f.flush()?;
                 n
             } else {
                 let mut tmp = Replacement::create(&out)?;
-                let n = served.export(&mut tmp.file, links).await?;
+                let n = served.export(&mut tmp.file, what).await?;
                 tmp.finish()?;
-                let unit = if links { "links" } else { "pages" };
-                out!("exported {n} {unit} to {}", out.display());
+                out!("exported {n} {} to {}", what.unit(), out.display());
                 n
             };
             tracing::debug!(lines = n, "exported through perc serve");

@@ -143,6 +143,11 @@ impl Reference {
         Some(cur.to_string())
     }
 
+    /// The page a link to `x` counts for: `x`, or the end of its redirects, if a page.
+    fn page_of(&self, x: &str) -> Option<String> {
+        self.final_of(x).filter(|f| self.pages.contains_key(f))
+    }
+
     /// The export's lines, in URL order: of every page, or with `only`, of the pages among
     /// those URLs (the facts of a line still come from every page: its in-degree counts the
     /// whole web's links; only the work is restricted to what those lines need).
@@ -260,20 +265,17 @@ impl Reference {
         }
         out
     }
-}
 
-impl Reference {
     /// The link graph (`perc export --links`): an edge for each page's link, with the page it
     /// counts for (the end of the target's redirects, if that is a page), in (to, from) order.
     pub fn link_lines(&self) -> Vec<LinkLine> {
         let mut out = Vec::new();
         for (from, p) in &self.pages {
             for (to, anchor, _) in &p.links {
-                let target = self.final_of(to).filter(|f| self.pages.contains_key(f));
                 out.push(LinkLine {
                     from: from.clone(),
                     to: to.clone(),
-                    target,
+                    target: self.page_of(to),
                     anchor: anchor.clone(),
                 });
             }
@@ -281,9 +283,7 @@ impl Reference {
         out.sort_by(|a, b| (&a.to, &a.from).cmp(&(&b.to, &b.from)));
         out
     }
-}
 
-impl Reference {
     /// PageRank, exactly (to 1e-12): nodes are the pages; q → p for each distinct pair where
     /// q links to p or to an alias of p (the edges the in-degree counts, q ≠ p); PR(p) = 0.15 +
     /// 0.85 · Σ PR(q) / outdeg(q), no redistribution of the rank of pages with no edge out.
@@ -297,7 +297,7 @@ impl Reference {
             .map(|(q, p)| {
                 p.links
                     .iter()
-                    .filter_map(|(t, _, _)| index.get(self.final_of(t)?.as_str()).copied())
+                    .filter_map(|(t, _, _)| index.get(self.page_of(t)?.as_str()).copied())
                     .filter(|&target| target != index[q.as_str()])
                     .collect()
             })

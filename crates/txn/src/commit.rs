@@ -171,7 +171,8 @@ impl Transaction {
         let after_commit = [older_notifications, after_commit, deletes].concat();
         actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, after_commit).await?;
         // The rows this commit left with only deletes, for the prompt collection.
-        let only_deletes = |cells: &[CellWrite]| cells.iter().all(|c| c.value.is_none());
+        let only_deletes =
+            |cells: &[CellWrite]| cells.iter().all(|c| c.kind() == WriteKind::Delete);
         let emptied = std::iter::once((&primary_row, primary_cells.as_slice()))
             .chain(secondaries.iter().map(|(row, cells)| (row, cells.as_slice())))
             .filter(|(_, cells)| only_deletes(cells))

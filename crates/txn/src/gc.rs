@@ -67,36 +67,14 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
             // The batch may have cut the last row short: read that row whole, go on after it.
             let last = cells.last().expect("a full batch").row.clone();
             cells.retain(|c| c.row != last);
-            let mut after = last.to_vec();
-            after.push(0);
-            let after = Bytes::from(after);
-            let whole = Scan {
-                family: actions::WRITE.name,
-                start: last,
-                end: after.clone(),
-                limit: usize::MAX,
-            };
+            let whole = whole_row(last);
+            let after = whole.end.clone();
             cells.extend(store.scan(&whole).await?);
             Some(after)
         } else {
             None
         };
-        let mut groups: Vec<Vec<ScanCell>> = Vec::new();
-        for c in cells {
-            match groups.last_mut() {
-                Some(g) if g[0].row == c.row && g[0].qualifier == c.qualifier => g.push(c),
-                _ => groups.push(vec![c]),
-            }
-        }
-        report.cells_seen += groups.len() as u64;
-        // The cells of one row are cleaned by one conditional mutation: a scan batch after a
-        // bulk load is mostly page rows with a dozen collectable cells each, and each
-        // mutation rewrites the row's record (on sled) or is an RPC (on Bigtable).
-        for row_cells in groups.chunk_by(|a, b| a[0].row == b[0].row) {
-            let (cleaned, removed) = clean_row(client, row_cells, g).await?;
-            report.cells_cleaned += cleaned;
-            report.write_records_removed += removed;
-        }
+        clean(client, cells, g, &mut report).await?;
         match next {
             Some(n) => start = n,
             None => break,
@@ -121,34 +99,47 @@ pub async fn collect_deleted(client: &Client, batch: usize) -> Result<GcReport, 
     rows.sort();
     rows.dedup();
     for chunk in rows.chunks(batch.max(1)) {
-        let scans: Vec<Scan> = chunk
-            .iter()
-            .map(|row| {
-                let mut end = row.to_vec();
-                end.push(0);
-                Scan {
-                    family: actions::WRITE.name,
-                    start: row.clone(),
-                    end: Bytes::from(end),
-                    limit: usize::MAX,
-                }
-            })
-            .collect();
-        for cells in client.store().scan_many(&scans).await? {
-            let groups: Vec<Vec<ScanCell>> = cells
-                .chunk_by(|a, b| a.qualifier == b.qualifier)
-                .map(<[ScanCell]>::to_vec)
-                .collect();
-            if groups.is_empty() {
-                continue;
-            }
-            report.cells_seen += groups.len() as u64;
-            let (cleaned, removed) = clean_row(client, &groups, g).await?;
-            report.cells_cleaned += cleaned;
-            report.write_records_removed += removed;
-        }
+        let scans: Vec<Scan> = chunk.iter().cloned().map(whole_row).collect();
+        let cells = client.store().scan_many(&scans).await?.into_iter().flatten().collect();
+        clean(client, cells, g, &mut report).await?;
     }
     Ok(report)
+}
+
+/// A scan of the `write` cells of `row` alone, every version.
+fn whole_row(row: Bytes) -> Scan {
+    let mut end = row.to_vec();
+    end.push(0);
+    Scan { family: actions::WRITE.name, start: row, end: Bytes::from(end), limit: usize::MAX }
+}
+
+/// Cleans `cells` (write records as a scan returns them, whole rows), row by row, counting
+/// into `report`.
+async fn clean(
+    client: &Client,
+    cells: Vec<ScanCell>,
+    g: Ts,
+    report: &mut GcReport,
+) -> Result<(), TxnError> {
+    let mut groups: Vec<Vec<ScanCell>> = Vec::new();
+    for c in cells {
+        match groups.last_mut() {
+            Some(group) if group[0].row == c.row && group[0].qualifier == c.qualifier => {
+                group.push(c)
+            }
+            _ => groups.push(vec![c]),
+        }
+    }
+    report.cells_seen += groups.len() as u64;
+    // The cells of one row are cleaned by one conditional mutation: a scan batch after a
+    // bulk load is mostly page rows with a dozen collectable cells each, and each
+    // mutation rewrites the row's record (on sled) or is an RPC (on Bigtable).
+    for row_cells in groups.chunk_by(|a, b| a[0].row == b[0].row) {
+        let (cleaned, removed) = clean_row(client, row_cells, g).await?;
+        report.cells_cleaned += cleaned;
+        report.write_records_removed += removed;
+    }
+    Ok(())
 }
 
 /// Cleans the cells of one row (each its write records, newest first) in one conditional
