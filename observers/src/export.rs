@@ -64,6 +64,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         in_degree,
         noindex: meta.noindex,
         near_duplicates: Vec::new(),
+        lang: meta.lang,
         inlinks: Vec::new(),
     };
     if model::set_json_if_changed(txn, row, col::EXPORT_LINE, &line).await? {

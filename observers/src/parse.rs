@@ -155,6 +155,7 @@ fn read(url: &url::Url, head: &model::RawHead, body: &[u8]) -> Read {
             meta.declared_canonical = parsed.canonical.map(String::from);
             meta.simhash = parsed.simhash.map(model::simhash_hex);
             simhash = parsed.simhash;
+            meta.lang = parsed.lang.map(str::to_string);
             meta.refresh = refresh.map(|r| match &r.target {
                 Some(t) => format!("after {} s to {t}", r.delay_s),
                 None => format!("after {} s, this page again", r.delay_s),

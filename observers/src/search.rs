@@ -21,8 +21,7 @@
 //!   records the generation it was built in; one of an older generation missed the rows
 //!   trimmed, and is built again from the pages (what a new index does anyway).
 //! - A document: one per canonical page that is not noindex: its URL, title, the anchors of
-//!   the inlinks its export line carries, its body text (the simhash's, spec §6.4a) and its
-//!   in-degree.
+//!   the inlinks its export line carries, its main text and language, and its in-degree.
 
 use bytes::Bytes;
 use perc_txn::Transaction;
@@ -77,7 +76,10 @@ pub struct SearchDoc {
     pub title: String,
     /// The anchor texts of its inlinks (its cluster's, forwarded), in the export's order.
     pub anchors: Vec<String>,
+    /// Its main text ([`perc_crawl::text`]).
     pub body: String,
+    /// Its main text's language, as its export line says.
+    pub lang: Option<String>,
     pub in_degree: u64,
 }
 
@@ -154,19 +156,20 @@ async fn document(txn: &Transaction, line: ExportLine) -> Result<SearchDoc, Inde
     let row = model::page(&line.url);
     let joined = txn.get_many(&model::join_keys(&line)).await?;
     let line = model::full_line(txn, line, [joined[0].clone(), joined[1].clone()]).await?;
-    let body = match txn.get(&row, col::RAW).await? {
-        Some(raw) => {
+    let main = match (txn.get(&row, col::RAW).await?, url::Url::parse(&line.url)) {
+        (Some(raw), Ok(url)) => {
             let (head, body) = model::decode_raw(&raw)
                 .map_err(|e| IndexError::corrupt(format!("crawl:raw of {}", line.url), e))?;
-            perc_crawl::parse::page_text(&body, head.charset.as_deref())
+            perc_crawl::parse::main_text(&url, &body, head.charset.as_deref())
         }
-        None => String::new(),
+        _ => perc_crawl::text::MainText::default(),
     };
     Ok(SearchDoc {
         anchors: line.inlinks.into_iter().map(|i| i.anchor).filter(|a| !a.is_empty()).collect(),
         url: line.url,
         title: line.title,
-        body,
+        body: main.text,
+        lang: line.lang,
         in_degree: line.in_degree,
     })
 }

@@ -31,8 +31,8 @@ pub(crate) struct Figures {
     pages: usize,
     links: usize,
     pub(crate) bare_s: f64,
-    /// The bare loop with the simhash of each page's text added (what parse also does since
-    /// near-duplicates, spec §6.4a).
+    /// The bare loop with what parse does besides: the simhash of each page's text (spec
+    /// §6.4a), its main text and language (`perc_crawl::text`).
     #[serde(default)]
     bare_simhash_s: f64,
     pub(crate) replay_s: f64,
@@ -313,7 +313,7 @@ fn print(f: &Figures) {
         format!("{} pages indexed in {:.1} s", f.pages, f.replay_s),
     );
     t.add(
-        "bare loop + simhash of the text",
+        "bare loop + simhash, main text and language",
         rate(f.records as u64, f.bare_simhash_s),
         format!(
             "the simhash costs {:.0} µs a record, 2 threads",

@@ -80,14 +80,17 @@ pub(crate) enum Command {
     /// Print a page's indexed record as JSON.
     Page { url: String },
     /// Search the index: the best pages for the words of QUERY, best first, one JSON object
-    /// a line (url, title, score, in_degree); exit 1 if none matches. Brings the search
-    /// index (DATA/search) up to date with the store first.
+    /// a line (url, title, score, in_degree, lang, snippet); exit 1 if none matches. Brings
+    /// the search index (DATA/search) up to date with the store first.
     Search {
         #[arg(required = true)]
         query: Vec<String>,
         /// How many pages at most (up to search.limit_max).
         #[arg(long, default_value_t = 10)]
         limit: u64,
+        /// Only pages whose main text is in this language (ISO 639-3: eng, deu, fra, ...).
+        #[arg(long)]
+        lang: Option<String>,
     },
     /// Write the export snapshot as JSON Lines, sorted by URL (`--out -`: standard output).
     Export {

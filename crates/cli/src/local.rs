@@ -73,12 +73,13 @@ pub(crate) async fn page(config: config::Config, url: &str) -> Result<ExitCode> 
 pub(crate) async fn search_command(
     config: config::Config,
     query: &[String],
+    filter: &perc_search::Filter,
     limit: u64,
     stop: &CancellationToken,
 ) -> Result<ExitCode> {
     let limit = search_limit(&config, limit)?;
     let app = existing!(config, Fetching::Offline, "search");
-    let hits = search(&app, &query.join(" "), limit, stop).await;
+    let hits = search(&app, &query.join(" "), filter, limit, stop).await;
     app.close().await?;
     print_hits(&query.join(" "), hits?)
 }
@@ -211,6 +212,7 @@ pub(crate) fn print_hits(query: &str, hits: Vec<perc_search::Hit>) -> Result<Exi
 async fn search(
     app: &Pipeline,
     query: &str,
+    filter: &perc_search::Filter,
     limit: usize,
     stop: &CancellationToken,
 ) -> Result<Vec<perc_search::Hit>> {
@@ -225,7 +227,7 @@ async fn search(
     if index.catch_up(app, batch, stop).await.map_err(below)?.is_none() {
         return Err(PipelineError::Interrupted.into());
     }
-    index.search(query, limit, (&app.config().search).into()).map_err(below)
+    index.search(query, filter, limit, (&app.config().search).into()).map_err(below)
 }
 
 /// Prints `perc status`'s text.

@@ -261,8 +261,9 @@ async fn dispatch(
         }
         Command::Canonical { url } => local::canonical(config, &url).await,
         Command::Page { url } => local::page(config, &url).await,
-        Command::Search { query, limit } => {
-            local::search_command(config, &query, limit, stop).await
+        Command::Search { query, limit, lang } => {
+            let filter = perc_search::Filter { lang };
+            local::search_command(config, &query, &filter, limit, stop).await
         }
         Command::Export { out, links } => {
             local::export(config, &out, files::Exported::of(links)).await

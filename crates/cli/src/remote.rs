@@ -202,9 +202,13 @@ pub(crate) async fn through_server(
             };
             tracing::debug!(lines = n, "exported through perc serve");
         }
-        Command::Search { query, limit } => {
+        Command::Search { query, limit, lang } => {
             let (q, limit) = (query.join(" "), search_limit(config, limit)?.to_string());
-            let answer = served.get("/v1/search", &[("q", &q), ("limit", &limit)]).await?;
+            let mut params = vec![("q", q.as_str()), ("limit", limit.as_str())];
+            if let Some(lang) = &lang {
+                params.push(("lang", lang));
+            }
+            let answer = served.get("/v1/search", &params).await?;
             let hits: Vec<perc_search::Hit> = serde_json::from_value(json(answer)?["hits"].take())
                 .context("perc serve's search hits")?;
             return print_hits(&q, hits);

@@ -149,6 +149,15 @@ fn the_api_answers_while_it_crawls_and_a_sigterm_stops_it_cleanly() {
     assert_eq!(v["query"], "widget");
     assert_eq!(v["hits"].as_array().map(Vec::len), Some(1), "{v}");
     assert!(v["hits"][0]["score"].as_f64() > Some(0.0) && v["hits"][0]["in_degree"] == 5, "{v}");
+    // A hit's snippet is its main text around the words; `lang` keeps one language.
+    let v = server.json("/v1/search?q=widget+care&lang=eng");
+    let hit = &v["hits"][0];
+    assert_eq!(hit["lang"], "eng", "{v}");
+    let snippet = hit["snippet"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(snippet.to_lowercase().contains("widget"), "{snippet}");
+    assert_eq!(server.json("/v1/search?q=widget+care&lang=deu")["hits"], serde_json::json!([]));
+    let (status, body) = server.get("/v1/search?q=widget&lang=EN");
+    assert!(status == 400 && body.contains("ISO 639-3"), "{status} {body}");
 
     // The threads that index yield to the API's: 5 nice steps below (serve.indexing_nice),
     // or at the lowest priority already if the server was started at 15 or more.

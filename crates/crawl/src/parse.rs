@@ -71,6 +71,9 @@ pub struct ParsedPage {
     /// The simhash of the body's text ([`crate::simhash`]); `None` under 3 tokens, or
     /// when not asked for ([`parse`] leaves it out, [`parse_for_index`] computes it).
     pub simhash: Option<u64>,
+    /// The language of its main text ([`crate::text`]), ISO 639-3; `None` when undetermined
+    /// or not asked for ([`parse`] leaves it out, [`parse_for_index`] detects it).
+    pub lang: Option<&'static str>,
     /// The encoding the text was decoded with.
     pub encoding: &'static str,
 }
@@ -161,32 +164,41 @@ pub fn parse(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
     parse_document(url, body, http_charset).0
 }
 
-/// [`parse`], and the simhash of the page's text (near-duplicates, spec §6.4a): what the
-/// index needs.
+/// [`parse`], the simhash of the page's text (near-duplicates, spec §6.4a) and the language
+/// of its main text: what the index needs.
 pub fn parse_for_index(url: &Url, body: &[u8], http_charset: Option<&str>) -> ParsedPage {
-    let (mut page, doc) = parse_document(url, body, http_charset);
-    page.simhash = crate::simhash::simhash(&crate::simhash::body_text(&doc));
+    let (text, encoding) = decode(body, http_charset);
+    let (mut page, doc) = parse_decoded(url, &text, encoding);
+    if page.too_deep.is_none() {
+        let body_text = crate::simhash::body_text(&doc);
+        page.simhash = crate::simhash::simhash(&body_text);
+        page.lang = crate::text::main_text(url, &text, || body_text).lang;
+    }
     page
 }
 
-/// The text of a page's body as a search index holds it: the text the simhash is computed
-/// over (spec §6.4a), decoded as [`parse`] decodes it.
-pub fn page_text(body: &[u8], http_charset: Option<&str>) -> String {
+/// The main text of a page and its language ([`crate::text`]), decoded as [`parse`]
+/// decodes it: what a search index holds of its body.
+pub fn main_text(url: &Url, body: &[u8], http_charset: Option<&str>) -> crate::text::MainText {
     let (text, _) = decode(body, http_charset);
     if crate::nesting::too_deep(&text).is_some() {
-        return String::new();
+        return crate::text::MainText::default();
     }
-    crate::simhash::body_text(&Html::parse_document(&text))
+    crate::text::main_text(url, &text, || crate::simhash::body_text(&Html::parse_document(&text)))
 }
 
 fn parse_document(url: &Url, body: &[u8], http_charset: Option<&str>) -> (ParsedPage, Html) {
     let (text, encoding) = decode(body, http_charset);
+    parse_decoded(url, &text, encoding)
+}
+
+fn parse_decoded(url: &Url, text: &str, encoding: &'static Encoding) -> (ParsedPage, Html) {
     let mut page = ParsedPage { encoding: encoding.name(), ..ParsedPage::default() };
-    if let Some(depth) = crate::nesting::too_deep(&text) {
+    if let Some(depth) = crate::nesting::too_deep(text) {
         page.too_deep = Some(depth);
         return (page, Html::new_document());
     }
-    let doc = Html::parse_document(&text);
+    let doc = Html::parse_document(text);
 
     page.title = doc
         .select(&selector("title"))

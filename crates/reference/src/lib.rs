@@ -36,6 +36,7 @@ struct Page {
     links: Vec<(String, String, bool)>,
     declared: Option<String>,
     simhash: Option<u64>,
+    lang: Option<&'static str>,
 }
 
 impl Parsed {
@@ -66,6 +67,7 @@ pub fn parse(url: &str, r: &Response) -> Parsed {
         links: p.links.into_iter().map(|l| (l.target.to_string(), l.anchor, l.follow)).collect(),
         declared: p.canonical.map(String::from),
         simhash: p.simhash,
+        lang: p.lang,
     });
     Parsed { page, redirect }
 }
@@ -260,6 +262,7 @@ impl Reference {
                 in_degree: indeg(u),
                 noindex: p.noindex,
                 near_duplicates,
+                lang: p.lang.map(str::to_string),
                 inlinks: links,
             });
         }

@@ -4,7 +4,10 @@
 //! (`perc_observers::search`, Fluo Recipes' ExportQueue). It is derived data: built from the
 //! export when it is new (or was left half-built), then brought up to date by draining the
 //! queue, which also makes it catch up by itself after any crash. Ranking is BM25 over the
-//! three text fields (title and anchors boosted) times `1 + ln(1 + in-degree)`.
+//! three text fields (title and anchors boosted) times `1 + ln(1 + in-degree)`. The body is
+//! the page's main text (`perc_crawl::text`: navigation, sidebars and footers left out); a
+//! hit shows a snippet of it around the words asked for, and a search may keep only pages
+//! of one language.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -13,11 +16,12 @@ use perc_pipeline::{Pipeline, PipelineError, Queued, SearchDoc};
 use serde::{Deserialize, Serialize};
 use tantivy::collector::TopDocs;
 use tantivy::directory::MmapDirectory;
-use tantivy::query::QueryParser;
+use tantivy::query::{BooleanQuery, Occur, Query, QueryParser, TermQuery};
 use tantivy::schema::{
     Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, FAST, INDEXED, STORED,
     STRING,
 };
+use tantivy::snippet::SnippetGenerator;
 use tantivy::{DocId, Index, IndexReader, IndexWriter, ReloadPolicy, Score, SegmentReader};
 use tantivy::{TantivyDocument, Term};
 use tokio_util::sync::CancellationToken;
@@ -58,6 +62,7 @@ struct Fields {
     title: Field,
     anchors: Field,
     body: Field,
+    lang: Field,
     in_degree: Field,
 }
 
@@ -113,6 +118,21 @@ pub struct Hit {
     pub title: String,
     pub score: f32,
     pub in_degree: u64,
+    /// The language of its main text (ISO 639-3), `None` when undetermined.
+    pub lang: Option<String>,
+    /// Its main text around the words asked for (at most [`SNIPPET_CHARS`] characters; its
+    /// beginning when they are only in the title or the anchors).
+    pub snippet: String,
+}
+
+/// The most characters of a hit's snippet.
+pub const SNIPPET_CHARS: usize = 200;
+
+/// What a search asks for besides its words.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Only pages whose main text is in this language (ISO 639-3: three lowercase letters).
+    pub lang: Option<String>,
 }
 
 pub struct SearchIndex {
@@ -148,7 +168,8 @@ fn schema() -> (Schema, Fields) {
         url: b.add_text_field("url", STRING | STORED),
         title: b.add_text_field("title", words() | STORED),
         anchors: b.add_text_field("anchors", words()),
-        body: b.add_text_field("body", words()),
+        body: b.add_text_field("body", words() | STORED),
+        lang: b.add_text_field("lang", STRING | STORED),
         in_degree: b.add_u64_field("in_degree", INDEXED | FAST | STORED),
     };
     (b.build(), fields)
@@ -228,6 +249,9 @@ impl SearchIndex {
             doc.add_text(f.anchors, a);
         }
         doc.add_text(f.body, &d.body);
+        if let Some(lang) = &d.lang {
+            doc.add_text(f.lang, lang);
+        }
         doc.add_u64(f.in_degree, d.in_degree);
         doc
     }
@@ -328,9 +352,15 @@ impl SearchIndex {
     }
 
     /// The best `limit` pages for `query` (tantivy's query language: words, "phrases",
-    /// `+must`, `-not`, `title:word`; every word must match), best first, ties by URL. A
-    /// query beyond `bounds` is refused before it is parsed.
-    pub fn search(&self, query: &str, limit: usize, bounds: QueryLimits) -> Result<Vec<Hit>> {
+    /// `+must`, `-not`, `title:word`; every word must match) that pass `filter`, best first,
+    /// ties by URL. A query beyond `bounds` is refused before it is parsed.
+    pub fn search(
+        &self,
+        query: &str,
+        filter: &Filter,
+        limit: usize,
+        bounds: QueryLimits,
+    ) -> Result<Vec<Hit>> {
         if query.trim().is_empty() {
             return Err(SearchError::Query("the query is empty".into()));
         }
@@ -341,7 +371,23 @@ impl SearchIndex {
         parser.set_field_boost(f.title, 2.0);
         parser.set_field_boost(f.anchors, 1.5);
         // A query with a syntax error is searched for its words, as a search box does.
-        let (query, _) = parser.parse_query_lenient(query);
+        let (words, _) = parser.parse_query_lenient(query);
+        let query: Box<dyn Query> = match &filter.lang {
+            None => words.box_clone(),
+            Some(lang) => {
+                if lang.len() != 3 || !lang.bytes().all(|b| b.is_ascii_lowercase()) {
+                    return Err(SearchError::Query(format!(
+                        "lang {lang:?}: a language is its ISO 639-3 code, three lowercase \
+                         letters (eng, deu, fra)"
+                    )));
+                }
+                let term = Term::from_field_text(f.lang, lang);
+                Box::new(BooleanQuery::new(vec![
+                    (Occur::Must, words.box_clone()),
+                    (Occur::Must, Box::new(TermQuery::new(term, IndexRecordOption::Basic))),
+                ]))
+            }
+        };
         let searcher = self.reader.searcher();
         let ranked = TopDocs::with_limit(limit.max(1)).tweak_score(|segment: &SegmentReader| {
             let degree = segment
@@ -351,22 +397,34 @@ impl SearchIndex {
                 .first_or_default_col(0);
             move |doc: DocId, score: Score| score * (1.0 + (1.0 + degree.get_val(doc) as f32).ln())
         });
-        let top = searcher.search(&query, &ranked).map_err(|e| match e {
+        let answer = |e: tantivy::TantivyError| match e {
             tantivy::TantivyError::SchemaError(why)
             | tantivy::TantivyError::InvalidArgument(why) => {
                 SearchError::Query(format!("the query cannot be answered: {why}"))
             }
             other => self.fail(other),
-        })?;
+        };
+        let top = searcher.search(&query, &ranked).map_err(answer)?;
+        let mut snippets =
+            SnippetGenerator::create(&searcher, &*words, f.body).map_err(|e| self.fail(e))?;
+        snippets.set_max_num_chars(SNIPPET_CHARS);
         let mut hits = Vec::with_capacity(top.len());
         for (score, address) in top {
             let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.fail(e))?;
             let text = |field| doc.get_first(field).and_then(|v| v.as_str()).unwrap_or("");
+            let around = snippets.snippet_from_doc(&doc);
+            let snippet = if around.fragment().is_empty() {
+                beginning(text(f.body), SNIPPET_CHARS)
+            } else {
+                around.fragment().to_string()
+            };
             hits.push(Hit {
                 url: text(f.url).to_string(),
                 title: text(f.title).to_string(),
                 score,
                 in_degree: doc.get_first(f.in_degree).and_then(|v| v.as_u64()).unwrap_or(0),
+                lang: Some(text(f.lang).to_string()).filter(|l| !l.is_empty()),
+                snippet,
             });
         }
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.url.cmp(&b.url)));
@@ -388,6 +446,17 @@ impl SearchIndex {
         }
         urls.sort();
         Ok(urls)
+    }
+}
+
+/// The first words of `text`, at most `chars` characters, cut at a space when there is one.
+fn beginning(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        None => text.to_string(),
+        Some((end, _)) => {
+            let cut = text[..end].rfind(' ').filter(|&i| i > 0).unwrap_or(end);
+            text[..cut].to_string()
+        }
     }
 }
 
@@ -422,6 +491,7 @@ mod tests {
             title: title.into(),
             anchors: anchors.iter().map(|a| a.to_string()).collect(),
             body: body.into(),
+            lang: None,
             in_degree,
         })
     }
@@ -442,7 +512,12 @@ mod tests {
         assert!(index.is_built(0).unwrap());
         assert!(!index.is_built(1).unwrap(), "a newer generation builds again");
         let urls = |q: &str| -> Vec<String> {
-            index.search(q, 10, BOUNDS).unwrap().into_iter().map(|h| h.url).collect()
+            index
+                .search(q, &Filter::default(), 10, BOUNDS)
+                .unwrap()
+                .into_iter()
+                .map(|h| h.url)
+                .collect()
         };
         assert_eq!(urls("nothing"), ["http://h/c"]);
         assert_eq!(urls("widgets gadgets").len(), 2, "every word must match");
@@ -463,11 +538,61 @@ mod tests {
         drop(index);
         let index = SearchIndex::open(Some(dir.path())).unwrap();
         assert_eq!(index.urls().unwrap(), ["http://h/b", "http://h/c"]);
-        let hit = &index.search("gadgets", 1, BOUNDS).unwrap()[0];
+        let hit = &index.search("gadgets", &Filter::default(), 1, BOUNDS).unwrap()[0];
         assert_eq!((hit.title.as_str(), hit.in_degree), ("Gadgets", 5));
-        assert!(index.search("  ", 5, BOUNDS).is_err());
+        assert!(index.search("  ", &Filter::default(), 5, BOUNDS).is_err());
         // A broken query is searched for its words.
-        assert_eq!(index.search("title:(", 5, BOUNDS).unwrap().len(), 0);
+        assert_eq!(index.search("title:(", &Filter::default(), 5, BOUNDS).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_hit_shows_its_snippet_and_a_search_keeps_one_language() {
+        let index = SearchIndex::open(None).unwrap();
+        let text = |lang: Option<&str>, url: &str, body: &str| {
+            let Queued::Index(mut d) = doc(url, "Rivers", &["river guide"], body, 0) else {
+                unreachable!()
+            };
+            d.lang = lang.map(str::to_string);
+            Queued::Index(d)
+        };
+        let long = format!(
+            "{} The river floods in spring. {}",
+            "Words before. ".repeat(40),
+            "And after. ".repeat(40)
+        );
+        index
+            .apply(&[
+                text(Some("eng"), "http://h/en", &long),
+                text(Some("deu"), "http://h/de", "Der Fluss river im Tal."),
+                text(None, "http://h/none", "river without a language"),
+            ])
+            .unwrap();
+        let ask = |q: &str, lang: Option<&str>| {
+            let filter = Filter { lang: lang.map(str::to_string) };
+            index.search(q, &filter, 10, BOUNDS)
+        };
+        let hits = ask("floods", None).unwrap();
+        assert_eq!(hits.len(), 1);
+        assert_eq!(hits[0].lang.as_deref(), Some("eng"));
+        let snippet = &hits[0].snippet;
+        assert!(snippet.contains("The river floods in spring"), "{snippet}");
+        assert!(snippet.chars().count() <= SNIPPET_CHARS, "{snippet}");
+        let urls = |hits: Vec<Hit>| hits.into_iter().map(|h| h.url).collect::<Vec<_>>();
+        assert_eq!(urls(ask("river", Some("deu")).unwrap()), ["http://h/de"]);
+        assert_eq!(urls(ask("river", Some("fra")).unwrap()), Vec::<String>::new());
+        assert_eq!(ask("river", None).unwrap().len(), 3);
+        // Words only in the anchors: the snippet is the main text's beginning.
+        let hits = ask("guide", Some("deu")).unwrap();
+        assert_eq!(hits[0].snippet, "Der Fluss river im Tal.");
+        let hit = ask("guide", Some("eng")).unwrap().remove(0);
+        assert!(hit.snippet.starts_with("Words before.") && hit.snippet.ends_with("before."));
+        assert_eq!(ask("guide", None).unwrap().iter().filter(|h| h.lang.is_none()).count(), 1);
+        for bad in ["en", "ENG", "english", ""] {
+            match ask("river", Some(bad)) {
+                Err(SearchError::Query(why)) => assert!(why.contains("ISO 639-3"), "{why}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 
     /// The queries that overflowed a thread's stack are refused, naming the bound, and the
@@ -478,10 +603,11 @@ mod tests {
     fn a_query_too_deep_or_too_long_is_refused_before_it_is_parsed() {
         let index = SearchIndex::open(None).unwrap();
         index.apply(&[doc("http://h/a", "Widgets", &[], "widgets", 0)]).unwrap();
-        let refused = |q: &str, bounds: QueryLimits| match index.search(q, 10, bounds) {
-            Err(SearchError::Query(why)) => why,
-            other => panic!("{:.40}...: {other:?}", q),
-        };
+        let refused =
+            |q: &str, bounds: QueryLimits| match index.search(q, &Filter::default(), 10, bounds) {
+                Err(SearchError::Query(why)) => why,
+                other => panic!("{:.40}...: {other:?}", q),
+            };
         let why = refused(&"(".repeat(800), BOUNDS);
         assert!(why.contains("800 parentheses") && why.contains("query_nesting_max"), "{why}");
         let wide = QueryLimits { bytes_max: 65_536, nesting_max: 64 };
@@ -497,7 +623,7 @@ mod tests {
             let why = refused(q, BOUNDS);
             assert!(why.starts_with("the query cannot be answered: "), "{q}: {why}");
         }
-        assert!(index.search("in_degree:*", 10, BOUNDS).is_ok());
+        assert!(index.search("in_degree:*", &Filter::default(), 10, BOUNDS).is_ok());
         // Hyphens and words that hold NOT are no nesting.
         assert!(BOUNDS.check(&"NOTE well-known ".repeat(50)).is_ok());
 
@@ -512,7 +638,7 @@ mod tests {
             let index = index.clone();
             let parsed = std::thread::Builder::new()
                 .stack_size(STACK)
-                .spawn(move || index.search(&q, 10, wide).map(|_| ()))
+                .spawn(move || index.search(&q, &Filter::default(), 10, wide).map(|_| ()))
                 .unwrap()
                 .join();
             assert!(matches!(parsed, Ok(Ok(()))), "{parsed:?}");

@@ -68,7 +68,12 @@ fn a_queue_nobody_drains_is_emptied_and_an_older_index_is_built_again() {
         let caught = index.catch_up(&app, 100, &stop).await.unwrap();
         assert_eq!(caught, Some((6, 0)), "built from the six pages");
         let hits = |q: &str| -> Vec<String> {
-            index.search(q, 10, BOUNDS).unwrap().into_iter().map(|h| h.url).collect()
+            index
+                .search(q, &perc_search::Filter::default(), 10, BOUNDS)
+                .unwrap()
+                .into_iter()
+                .map(|h| h.url)
+                .collect()
         };
         assert_eq!(hits("word3"), [urls[3].clone()]);
 

@@ -340,8 +340,9 @@ async fn page(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     }
 }
 
-/// `GET /v1/search?q=Q&limit=N`: `{"query", "hits": [{url, title, score, in_degree}]}`, the
-/// best N (10 unless given; at most `search.limit_max`) first.
+/// `GET /v1/search?q=Q&limit=N&lang=L`: `{"query", "hits": [{url, title, score, in_degree,
+/// lang, snippet}]}`, the best N (10 unless given; at most `search.limit_max`) first, of the
+/// pages whose main text is in language L (ISO 639-3) when L is given.
 async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     let query = param(q.as_deref(), "q", s.query_bytes_max)?;
     let max = s.app.config().search.limit_max;
@@ -356,6 +357,8 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
             })?
         }
     };
+    let filter =
+        perc_search::Filter { lang: optional_param(q.as_deref(), "lang", s.query_bytes_max)? };
     let index = s.search.clone().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -365,13 +368,14 @@ async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     let q2 = query.clone();
     let bounds = perc_search::QueryLimits::from(&s.app.config().search);
     let _turn = s.searching.acquire().await.expect("the semaphore is never closed");
-    let hits = tokio::task::spawn_blocking(move || index.search(&q2, limit as usize, bounds))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| match e {
-            SearchError::Query(why) => ApiError::new(StatusCode::BAD_REQUEST, why),
-            other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
-        })?;
+    let hits =
+        tokio::task::spawn_blocking(move || index.search(&q2, &filter, limit as usize, bounds))
+            .await
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .map_err(|e| match e {
+                SearchError::Query(why) => ApiError::new(StatusCode::BAD_REQUEST, why),
+                other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
+            })?;
     Ok(Json(serde_json::json!({"query": query, "hits": hits})).into_response())
 }
 

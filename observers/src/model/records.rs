@@ -206,6 +206,9 @@ pub struct Meta {
     /// The simhash of the page's text, in hex (spec §6.4a; none under 3 tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub simhash: Option<String>,
+    /// The language of the page's main text, ISO 639-3 (spec §6.4b; none when undetermined).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lang: Option<String>,
     /// A page's refresh that is not a redirect (a delay above 0), as recorded: "after 5 s
     /// to <url>".
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -247,6 +250,9 @@ pub struct ExportLine {
     /// sorted, at most [`NEAR_LISTED_MAX`]; `[]` on every other line.
     #[serde(default)]
     pub near_duplicates: Vec<String>,
+    /// The language of the page's main text, ISO 639-3, or `None` (spec §6.4b).
+    #[serde(default)]
+    pub lang: Option<String>,
     pub inlinks: Vec<Inlink>,
 }
 
