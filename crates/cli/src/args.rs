@@ -57,6 +57,10 @@ pub(crate) enum Command {
         /// With --expect: also write the comparison as a JUnit XML report.
         #[arg(long, requires = "expect", value_name = "FILE")]
         junit: Option<PathBuf>,
+        /// With --expect: also write the comparison as a self-contained HTML page (`-`:
+        /// standard output, in place of the text).
+        #[arg(long, requires = "expect", value_name = "FILE")]
+        html: Option<PathBuf>,
         /// With --expect: how many of each kind of difference to print.
         #[arg(long, default_value_t = 20)]
         limit: usize,
@@ -71,6 +75,10 @@ pub(crate) enum Command {
         /// Print the differences as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Also write the differences as a self-contained HTML page (`-`: standard output, in
+        /// place of the text).
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
         /// How many of each kind of difference to print.
         #[arg(long, default_value_t = 20)]
         limit: usize,

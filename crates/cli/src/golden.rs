@@ -57,6 +57,7 @@ pub(crate) struct Check<'a> {
     pub(crate) golden: &'a Path,
     pub(crate) update: bool,
     pub(crate) junit: Option<&'a Path>,
+    pub(crate) html: Option<&'a Path>,
     pub(crate) limit: usize,
 }
 
@@ -116,7 +117,7 @@ async fn replay_expect(
         let suite = format!("perc replay --expect {name}");
         write_atomically(path, |w| Ok(w.write_all(d.junit(&suite, &names).as_bytes())?))?;
     }
-    write!(std::io::stdout(), "{}", d.text(&names, check.limit))?;
+    report(&d, &names, check.html, check.limit)?;
     if !d.is_empty() {
         say!("the index differs from {name}; to accept it, run the same command with --update");
     }
@@ -131,19 +132,52 @@ fn compare(golden: &Path, got: &[String]) -> Result<diff::ExportDiff> {
     Ok(diff::diff(diff::Side::file(golden)?, new)?)
 }
 
+/// The text of `d` on standard output, and its HTML page into `html` when asked for (for
+/// `-`, on standard output in place of the text).
+fn report(
+    d: &diff::ExportDiff,
+    names: &diff::Names,
+    html: Option<&Path>,
+    limit: usize,
+) -> Result<()> {
+    match html {
+        Some(path) if path.as_os_str() == "-" => {
+            write!(std::io::stdout(), "{}", d.html(names))?;
+            return Ok(());
+        }
+        Some(path) => write_atomically(path, |w| Ok(w.write_all(d.html(names).as_bytes())?))?,
+        None => {}
+    }
+    write!(std::io::stdout(), "{}", d.text(names, limit))?;
+    Ok(())
+}
+
 /// `perc diff OLD NEW`.
-pub(crate) fn diff(old: &Path, new: &Path, json: bool, limit: usize) -> Result<ExitCode> {
+pub(crate) fn diff(
+    old: &Path,
+    new: &Path,
+    json: bool,
+    html: Option<&Path>,
+    limit: usize,
+) -> Result<ExitCode> {
     if old.as_os_str() == "-" && new.as_os_str() == "-" {
         bail!("only one side of perc diff can be standard input");
     }
     let d = diff::diff(diff::Side::file(old)?, diff::Side::file(new)?)?;
+    let (o, n) = (old.display().to_string(), new.display().to_string());
+    let names = diff::Names { old: &o, new: &n };
     if json {
+        if html.is_some_and(|p| p.as_os_str() == "-") {
+            bail!("--json and --html - both write standard output: name a file for --html");
+        }
+        if let Some(path) = html {
+            write_atomically(path, |w| Ok(w.write_all(d.html(&names).as_bytes())?))?;
+        }
         let mut v = serde_json::to_value(&d)?;
         v["equal"] = d.is_empty().into();
         out!("{v}");
     } else {
-        let (o, n) = (old.display().to_string(), new.display().to_string());
-        write!(std::io::stdout(), "{}", d.text(&diff::Names { old: &o, new: &n }, limit))?;
+        report(&d, &names, html, limit)?;
     }
     Ok(if d.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

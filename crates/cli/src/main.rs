@@ -188,7 +188,9 @@ fn load_config(cli: &Cli) -> Result<config::Config> {
 async fn run(cli: Cli, stop: CancellationToken) -> Result<ExitCode> {
     // Comparing two files, and describing perc, need no configuration and no store.
     match &cli.command {
-        Command::Diff { old, new, json, limit } => return golden::diff(old, new, *json, *limit),
+        Command::Diff { old, new, json, html, limit } => {
+            return golden::diff(old, new, *json, html.as_deref(), *limit)
+        }
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(*shell, &mut Cli::command(), "perc", &mut script);
@@ -247,11 +249,12 @@ async fn dispatch(
         Command::Crawl { seeds, prefixes, warc_out, append } => {
             local::crawl_command(config, &seeds, &prefixes, warc_out.as_deref(), append, stop).await
         }
-        Command::Replay { files, expect, update, junit, limit } => {
+        Command::Replay { files, expect, update, junit, html, limit } => {
             let check = expect.as_deref().map(|golden| golden::Check {
                 golden,
                 update,
                 junit: junit.as_deref(),
+                html: html.as_deref(),
                 limit,
             });
             golden::replay_command(config, &files, check, stop).await

@@ -6,20 +6,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use common::root;
-
-/// Runs perc in `cwd` with the test configuration and no `--data`.
-fn perc_in(cwd: &Path, args: &[&str]) -> Output {
-    let mut perc = Command::new(common::PERC);
-    perc.current_dir(cwd)
-        .arg("--config")
-        .arg(root().join("config/test.toml"))
-        .args(args)
-        .env_remove("RUST_LOG");
-    common::finish(perc, &format!("perc {}", args.join(" ")))
-}
+use common::{code, perc_in, root, stderr, stdout};
 
 fn fixture_warc() -> PathBuf {
     root().join("fixtures/crawls/wget-demo.warc.gz")
@@ -27,18 +16,6 @@ fn fixture_warc() -> PathBuf {
 
 fn fixture_golden() -> PathBuf {
     root().join("fixtures/golden/wget-demo.jsonl")
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().expect("exited")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// The fixture golden with one title, one canonical and one inlink's anchor changed; returns

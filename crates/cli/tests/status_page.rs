@@ -6,69 +6,15 @@
 //! CHROMIUM and CHROMEDRIVER name other binaries.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder};
+use fantoccini::Client;
 
 mod common;
 
+use common::browser::{browser, save_screenshot, Driver};
 use common::server::Server;
 use common::{root, seeds, Site};
-
-/// chromedriver on a free loopback port, killed when dropped.
-struct Driver {
-    child: Child,
-    url: String,
-}
-
-impl Driver {
-    fn start() -> Driver {
-        let binary = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(&binary)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run {binary} ({e}): install chromium and chromium-driver (make test does)")
-            });
-        // Ready once it accepts connections.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "{binary} did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Driver { child, url: format!("http://127.0.0.1:{port}") }
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn browser(driver: &Driver) -> Client {
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    let caps = serde_json::json!({
-        "goog:chromeOptions": {
-            "binary": chromium,
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1280,1400"],
-        }
-    });
-    let serde_json::Value::Object(caps) = caps else { unreachable!() };
-    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    ClientBuilder::new(connector)
-        .capabilities(caps)
-        .connect(&driver.url)
-        .await
-        .unwrap_or_else(|e| panic!("no browser session through {}: {e}", driver.url))
-}
 
 /// What the page shows at one instant: the text of the elements with the ids asked for, and
 /// the rows of the tables asked for, each as the text of its cells. Read in one script run:
@@ -153,12 +99,7 @@ fn the_status_page_shows_the_crawl_in_a_browser() {
         assert_eq!(recrawls.len(), 10, "{recrawls:?}");
         assert!(recrawls.iter().all(|r| r[1].starts_with(&site.base())), "{recrawls:?}");
         // The chart has a line once the rates have a sample (every 2 s): not waited for here.
-        let screenshot = page.screenshot().await.unwrap();
-        let target = std::env::var("CARGO_TARGET_DIR")
-            .map_or_else(|_| root().join("target"), std::path::PathBuf::from);
-        std::fs::create_dir_all(&target).unwrap();
-        std::fs::write(target.join("status-page.png"), &screenshot).unwrap();
-        assert!(screenshot.starts_with(b"\x89PNG"), "a PNG");
+        save_screenshot(&page, "status-page.png").await;
         page.close().await.unwrap();
     });
     assert_eq!(server.terminate(), Some(0));

@@ -7,9 +7,33 @@ use std::time::Duration;
 
 use perc_synth::site;
 
+pub mod browser;
 pub mod server;
 
 pub const PERC: &str = env!("CARGO_BIN_EXE_perc");
+
+/// Runs perc in `cwd` with the test configuration and no `--data`.
+pub fn perc_in(cwd: &Path, args: &[&str]) -> Output {
+    let mut perc = Command::new(PERC);
+    perc.current_dir(cwd)
+        .arg("--config")
+        .arg(root().join("config/test.toml"))
+        .args(args)
+        .env_remove("RUST_LOG");
+    finish(perc, &format!("perc {}", args.join(" ")))
+}
+
+pub fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
 
 /// The repository's top directory.
 pub fn root() -> PathBuf {

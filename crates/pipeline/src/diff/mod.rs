@@ -1,13 +1,18 @@
 //! A semantic diff of two exports (spec §7: JSON Lines sorted by URL): the pages added and
 //! removed, every field that changed on a page in both, and the inlinks each page gained and
 //! lost. Both sides stream in step (a merge by URL), so memory holds the differences, not the
-//! exports. `perc diff` and `perc replay --expect` print it as text, JSON or a JUnit report.
+//! exports. `perc diff` and `perc replay --expect` print it as text, JSON, a JUnit report or
+//! an HTML page ([`html`]).
+
+mod html;
 
 use std::cmp::Ordering;
 use std::fmt::Write as _;
 use std::io::BufRead;
 
 use perc_observers::model::Inlink;
+
+pub use html::{INLINKS_SHOWN, PAGES_SHOWN};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -477,6 +482,40 @@ mod tests {
         let junit = d.junit("perc replay", &Names { old: "golden", new: "got" });
         assert!(junit.contains("tests=\"5\" failures=\"4\""), "{junit}");
         assert!(junit.contains("changed: canonical, inlinks"), "{junit}");
+    }
+
+    #[test]
+    fn the_html_page_escapes_what_the_exports_say_and_bounds_its_lists() {
+        let old = r#"{"url":"http://a/","title":"<b>A</b>","in_degree":1,"inlinks":[]}"#;
+        let new = r#"{"url":"http://a/","title":"<script>alert(1)</script>","in_degree":2,"inlinks":[{"from":"http://x/?a=1&b=2","to":"http://a/","anchor":"\"q\" & <i>"}]}"#;
+        let d = diff(side("old", old), side("new", new)).unwrap();
+        let page = d.html(&Names { old: "golden.jsonl", new: "this replay" });
+        assert!(page.starts_with("<!DOCTYPE html>"), "{page}");
+        assert!(!page.contains("<script"), "markup from an export is text: {page}");
+        for want in [
+            "&lt;script&gt;alert(1)&lt;/script&gt;",
+            "&lt;b&gt;A&lt;/b&gt;",
+            "http://x/?a=1&amp;b=2",
+            "&quot;q&quot; &amp; &lt;i&gt;",
+            "perc diff: golden.jsonl → this replay",
+            "1 changed, 0 added, 0 removed (1 pages → 1).",
+            r#"<tr data-field="in_degree"><td>in_degree</td><td class="old"><code>1</code></td><td class="new"><code>2</code></td></tr>"#,
+            r#"<tr class="gained">"#,
+        ] {
+            assert!(page.contains(want), "{want:?} not in:\n{page}");
+        }
+        assert!(!page.contains("src=") && !page.contains("<link"), "it loads nothing");
+
+        // A diff of more pages than a page shows: the rest counted.
+        let many = |n: usize| -> String {
+            (0..n).map(|i| format!("{{\"url\":\"http://h/{i:05}\"}}\n")).collect()
+        };
+        let d = diff(side("old", ""), side("new", &many(PAGES_SHOWN + 7))).unwrap();
+        let page = d.html(&Names { old: "a", new: "b" });
+        assert_eq!(page.matches("<li>").count(), PAGES_SHOWN);
+        assert!(page.contains("… and 7 more added pages"), "{}", &page[page.len() - 300..]);
+        let same = diff(side("old", A), side("new", A)).unwrap();
+        assert!(same.html(&Names { old: "a", new: "b" }).contains("The same: 3 pages."));
     }
 
     #[test]
