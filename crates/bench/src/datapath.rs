@@ -54,6 +54,14 @@ pub(crate) struct Figures {
     compacted_bytes: u64,
     #[serde(default)]
     compact_s: f64,
+    /// `perc export`'s read of the store after the replay, each line serialized (s).
+    #[serde(default)]
+    export_s: f64,
+    /// `perc export --links`'s (s), and the edges it wrote.
+    #[serde(default)]
+    links_s: f64,
+    #[serde(default)]
+    edges: usize,
     trees: Vec<(String, u64)>,
     /// The largest column groups of the rows tree: (family/group, bytes of values).
     columns: Vec<(String, u64)>,
@@ -169,6 +177,25 @@ async fn measure(warc: &Path) -> Result<Figures> {
             (s.name.clone(), per(s.runs), per(s.idle), s.latency_us_mean)
         })
         .collect();
+    // The two exports, each line serialized as `perc export` writes it.
+    let mut bytes = 0usize;
+    let start = Instant::now();
+    pipeline
+        .export(|l| {
+            bytes += serde_json::to_vec(&l).expect("a line serializes").len();
+            Ok(())
+        })
+        .await?;
+    let export_s = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let edges = pipeline
+        .export_links(|l| {
+            bytes += serde_json::to_vec(&l).expect("a line serializes").len();
+            Ok(())
+        })
+        .await?;
+    let links_s = start.elapsed().as_secs_f64();
+    std::hint::black_box(bytes);
     // What a running store keeps after its collector has run.
     perc_txn::gc::collect(pipeline.client(), 4096).await?;
     pipeline.close().await?;
@@ -213,6 +240,9 @@ async fn measure(warc: &Path) -> Result<Figures> {
         live_bytes: usage.live_bytes(),
         compacted_bytes: compacted.bytes_after,
         compact_s,
+        export_s,
+        links_s,
+        edges,
         trees: usage.trees.iter().map(|t| (t.name.clone(), t.key_bytes + t.value_bytes)).collect(),
         columns,
         rss_kb: crate::scaling::peak_rss_kb(),
@@ -316,11 +346,21 @@ fn print(f: &Figures) {
         "bare loop + simhash, main text and language",
         rate(f.records as u64, f.bare_simhash_s),
         format!(
-            "the simhash costs {:.0} µs a record, 2 threads",
+            "the three cost {:.0} µs a record, 2 threads",
             (f.bare_simhash_s - f.bare_s) * 2e6 / f.records.max(1) as f64
         ),
     );
     t.add("replay / bare throughput", format!("{:.2}", f.bare_s / f.replay_s), "goal >= 0.5");
+    t.add(
+        "perc export (pages)",
+        rate(f.pages as u64, f.export_s),
+        format!("{} pages in {:.2} s, one snapshot", f.pages, f.export_s),
+    );
+    t.add(
+        "perc export --links (edges)",
+        rate(f.edges as u64, f.links_s),
+        format!("{} edges in {:.2} s, each resolved to its page", f.edges, f.links_s),
+    );
     let [cam, batches, reads, scans, rows] = f.call_kinds;
     t.add(
         "store calls per indexed page",
