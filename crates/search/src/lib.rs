@@ -1,6 +1,6 @@
 //! The search index of `perc serve` and `perc search` (docs/serve.md, "Search"): a tantivy
 //! index with one document per canonical page that is not noindex (title, forwarded anchor
-//! text, body text, in-degree), kept current from the store's search queue
+//! text, main text, language, in-degree), kept current from the store's search queue
 //! (`perc_observers::search`, Fluo Recipes' ExportQueue). It is derived data: built from the
 //! export when it is new (or was left half-built), then brought up to date by draining the
 //! queue, which also makes it catch up by itself after any crash. Ranking is BM25 over the
