@@ -62,6 +62,12 @@ pub(crate) struct Figures {
     links_s: f64,
     #[serde(default)]
     edges: usize,
+    /// On the std docs: the first hit of a search for each of [`TYPE_QUERIES`], and the
+    /// seconds the search index took to build.
+    #[serde(default)]
+    first_hits: Vec<(String, String)>,
+    #[serde(default)]
+    search_build_s: f64,
     trees: Vec<(String, u64)>,
     /// The largest column groups of the rows tree: (family/group, bytes of values).
     columns: Vec<(String, u64)>,
@@ -116,6 +122,10 @@ fn bare(records: &[Recorded], simhash: bool) -> (usize, f64) {
     });
     (links.into_inner(), start.elapsed().as_secs_f64())
 }
+
+/// Queries for the names of the std library's types: each should find the type's own page
+/// first (`std/collections/struct.HashMap.html` for `HashMap`).
+const TYPE_QUERIES: [&str; 6] = ["HashMap", "Vec", "Option", "String", "Arc", "BTreeMap"];
 
 /// The child: one WARC, start to end.
 pub fn one(warc: &Path) -> Result<()> {
@@ -196,6 +206,20 @@ async fn measure(warc: &Path) -> Result<Figures> {
         .await?;
     let links_s = start.elapsed().as_secs_f64();
     std::hint::black_box(bytes);
+    // Search, where the web has pages users search by name: each query's first hit.
+    let (mut first_hits, mut search_build_s) = (Vec::new(), 0.0);
+    if warc.file_name().is_some_and(|n| n.to_string_lossy().starts_with("std-docs")) {
+        let start = Instant::now();
+        let index = perc_search::SearchIndex::open(None)?;
+        index.catch_up(&pipeline, 256, &CancellationToken::new()).await?;
+        search_build_s = start.elapsed().as_secs_f64();
+        let limits = perc_search::QueryLimits { bytes_max: 1024, nesting_max: 32 };
+        for q in TYPE_QUERIES {
+            let hits = index.search(q, &perc_search::Filter::default(), 1, limits)?;
+            let first = hits.first().map_or("(none)".to_string(), |h| h.url.clone());
+            first_hits.push((q.to_string(), first));
+        }
+    }
     // What a running store keeps after its collector has run.
     perc_txn::gc::collect(pipeline.client(), 4096).await?;
     pipeline.close().await?;
@@ -243,6 +267,8 @@ async fn measure(warc: &Path) -> Result<Figures> {
         export_s,
         links_s,
         edges,
+        first_hits,
+        search_build_s,
         trees: usage.trees.iter().map(|t| (t.name.clone(), t.key_bytes + t.value_bytes)).collect(),
         columns,
         rss_kb: crate::scaling::peak_rss_kb(),
@@ -361,6 +387,20 @@ fn print(f: &Figures) {
         rate(f.edges as u64, f.links_s),
         format!("{} edges in {:.2} s, each resolved to its page", f.edges, f.links_s),
     );
+    if !f.first_hits.is_empty() {
+        let shown: Vec<String> = f
+            .first_hits
+            .iter()
+            .map(|(q, url)| {
+                format!("{q} → {}", url.rsplit_once("/std/").map_or(url.as_str(), |u| u.1))
+            })
+            .collect();
+        t.add(
+            "search for a type's name: the first hit",
+            format!("{:.1} s to index", f.search_build_s),
+            shown.join(", "),
+        );
+    }
     let [cam, batches, reads, scans, rows] = f.call_kinds;
     t.add(
         "store calls per indexed page",
