@@ -156,19 +156,19 @@ async fn document(txn: &Transaction, line: ExportLine) -> Result<SearchDoc, Inde
     let row = model::page(&line.url);
     let joined = txn.get_many(&model::join_keys(&line)).await?;
     let line = model::full_line(txn, line, [joined[0].clone(), joined[1].clone()]).await?;
-    let main = match (txn.get(&row, col::RAW).await?, url::Url::parse(&line.url)) {
+    let body = match (txn.get(&row, col::RAW).await?, url::Url::parse(&line.url)) {
         (Some(raw), Ok(url)) => {
             let (head, body) = model::decode_raw(&raw)
                 .map_err(|e| IndexError::corrupt(format!("crawl:raw of {}", line.url), e))?;
             perc_crawl::parse::main_text(&url, &body, head.charset.as_deref())
         }
-        _ => perc_crawl::text::MainText::default(),
+        _ => String::new(),
     };
     Ok(SearchDoc {
         anchors: line.inlinks.into_iter().map(|i| i.anchor).filter(|a| !a.is_empty()).collect(),
         url: line.url,
         title: line.title,
-        body: main.text,
+        body,
         lang: line.lang,
         in_degree: line.in_degree,
     })

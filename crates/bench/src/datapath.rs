@@ -213,7 +213,7 @@ async fn measure(warc: &Path) -> Result<Figures> {
         let index = perc_search::SearchIndex::open(None)?;
         index.catch_up(&pipeline, 256, &CancellationToken::new()).await?;
         search_build_s = start.elapsed().as_secs_f64();
-        let limits = perc_search::QueryLimits { bytes_max: 1024, nesting_max: 32 };
+        let limits = perc_search::QueryLimits::from(&pipeline.config().search);
         for q in TYPE_QUERIES {
             let hits = index.search(q, &perc_search::Filter::default(), 1, limits)?;
             let first = hits.first().map_or("(none)".to_string(), |h| h.url.clone());

@@ -145,11 +145,16 @@ fn report(
             write!(std::io::stdout(), "{}", d.html(names))?;
             return Ok(());
         }
-        Some(path) => write_atomically(path, |w| Ok(w.write_all(d.html(names).as_bytes())?))?,
+        Some(path) => write_html(path, d, names)?,
         None => {}
     }
     write!(std::io::stdout(), "{}", d.text(names, limit))?;
     Ok(())
+}
+
+/// `d`'s HTML page into the file `path`.
+fn write_html(path: &Path, d: &diff::ExportDiff, names: &diff::Names) -> Result<()> {
+    write_atomically(path, |w| Ok(w.write_all(d.html(names).as_bytes())?))
 }
 
 /// `perc diff OLD NEW`.
@@ -171,7 +176,7 @@ pub(crate) fn diff(
             bail!("--json and --html - both write standard output: name a file for --html");
         }
         if let Some(path) = html {
-            write_atomically(path, |w| Ok(w.write_all(d.html(&names).as_bytes())?))?;
+            write_html(path, &d, &names)?;
         }
         let mut v = serde_json::to_value(&d)?;
         v["equal"] = d.is_empty().into();

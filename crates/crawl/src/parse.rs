@@ -177,14 +177,14 @@ pub fn parse_for_index(url: &Url, body: &[u8], http_charset: Option<&str>) -> Pa
     page
 }
 
-/// The main text of a page and its language ([`crate::text`]), decoded as [`parse`]
-/// decodes it: what a search index holds of its body.
-pub fn main_text(url: &Url, body: &[u8], http_charset: Option<&str>) -> crate::text::MainText {
+/// The main text of a page ([`crate::text::article`]), decoded as [`parse`] decodes it:
+/// what a search index holds of its body. Its language is the one parse found.
+pub fn main_text(url: &Url, body: &[u8], http_charset: Option<&str>) -> String {
     let (text, _) = decode(body, http_charset);
     if crate::nesting::too_deep(&text).is_some() {
-        return crate::text::MainText::default();
+        return String::new();
     }
-    crate::text::main_text(url, &text, || crate::simhash::body_text(&Html::parse_document(&text)))
+    crate::text::article(url, &text, || crate::simhash::body_text(&Html::parse_document(&text)))
 }
 
 fn parse_document(url: &Url, body: &[u8], http_charset: Option<&str>) -> (ParsedPage, Html) {

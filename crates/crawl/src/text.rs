@@ -30,9 +30,17 @@ pub const LANG_BYTES: usize = 4_096;
 /// tree several times); a bigger page's main text is its whole body's.
 pub const ELEMENTS_MAX: usize = 20_000;
 
-/// The main text of `html` (decoded), a page of `url`; `body_text` gives its whole body's
-/// text when Readability finds no article in it.
+/// The main text of `html` (decoded), a page of `url`, and its language; `body_text` gives
+/// its whole body's text when Readability finds no article in it.
 pub fn main_text(url: &Url, html: &str, body_text: impl FnOnce() -> String) -> MainText {
+    let text = article(url, html, body_text);
+    let lang = language(&text);
+    MainText { text, lang }
+}
+
+/// [`main_text`]'s text alone (what a search index needs of a page whose language its
+/// export line already says).
+pub fn article(url: &Url, html: &str, body_text: impl FnOnce() -> String) -> String {
     let config = Config {
         text_mode: TextMode::Formatted,
         max_elements_to_parse: ELEMENTS_MAX,
@@ -43,9 +51,7 @@ pub fn main_text(url: &Url, html: &str, body_text: impl FnOnce() -> String) -> M
         .ok()
         .map(|a| crate::parse::collapse(&a.text_content))
         .filter(|t| !t.is_empty());
-    let text = article.unwrap_or_else(|| crate::parse::collapse(&body_text()));
-    let lang = language(&text);
-    MainText { text, lang }
+    article.unwrap_or_else(|| crate::parse::collapse(&body_text()))
 }
 
 /// The language of `text` (its first [`LANG_BYTES`]), ISO 639-3, when whatlang is sure of it.
