@@ -64,6 +64,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         in_degree,
         noindex: meta.noindex,
         near_duplicates: Vec::new(),
+        pagerank: 0.0,
         lang: meta.lang,
         inlinks: Vec::new(),
     };

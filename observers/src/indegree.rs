@@ -271,10 +271,14 @@ async fn as_page(
     changes: BTreeMap<String, i64>,
     aliases: Vec<String>,
 ) -> Result<Follow, ObserverError> {
+    // The sources whose edges here changed resolve them to this page: told by the run that
+    // counts them, which sees this URL a page (a source's own run may not have).
+    model::signals::rank_targets_changed(txn, changes.keys().map(String::as_str));
     let (base, extra) = match counted_at {
         Some(old) => {
             // It was an alias: take back what it counted there, and count everything here.
             let sources = own_sources(txn, url).await?;
+            model::signals::rank_targets_changed(txn, sources.iter().map(String::as_str));
             let mut via = BTreeMap::new();
             if !old.is_empty() {
                 uncount(txn, url, &String::from_utf8_lossy(&old), &sources, &changes, &mut via);
@@ -346,6 +350,9 @@ async fn as_alias(
     }
     let end_name = end.clone().unwrap_or_default();
     if old.as_deref() == Some(end_name.as_str()) {
+        // A source that came (or went) since the last run resolves its link here to the end
+        // as it is now: told after the end's page status it may have missed.
+        model::signals::rank_targets_changed(txn, changes.keys().map(String::as_str));
         if let Some(end) = &end {
             for (source, d) in changes {
                 *via.entry((end.clone(), source)).or_default() += d;
@@ -353,6 +360,8 @@ async fn as_alias(
         }
     } else {
         let sources = own_sources(txn, url).await?;
+        // Its sources' links to it now resolve to another page (or none).
+        model::signals::rank_targets_changed(txn, sources.iter().map(String::as_str));
         if let Some(old) = old.as_deref().filter(|o| !o.is_empty()) {
             uncount(txn, url, old, &sources, &changes, &mut via);
         }

@@ -43,7 +43,8 @@ mod load;
 pub mod model;
 pub mod near;
 pub mod parse;
-mod query;
+pub(crate) mod query;
+pub mod rank;
 pub mod runs;
 pub mod search;
 mod upgrade;
@@ -88,6 +89,7 @@ pub fn registry_with(
     )?;
     r.register(cluster::CLUSTER, col::CLUSTER_DIRTY, NotifyKind::Weak, Arc::new(runs::Cluster))?;
     r.register("near", col::NEAR_DIRTY, NotifyKind::Weak, Arc::new(near::Near))?;
+    r.register("rank", col::RANK_DIRTY, NotifyKind::Weak, Arc::new(rank::Rank))?;
     // Nothing notifies export now (it runs in its inputs' writers' transactions); a store
     // written by an earlier version may still hold its notifications.
     r.register("export", col::EXPORT_DIRTY, NotifyKind::Weak, Arc::new(export::Export))?;

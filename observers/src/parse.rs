@@ -39,6 +39,10 @@ use crate::model::{self, col, Follow, Meta, PageKind};
 pub struct Parsed {
     /// `page:meta` was written: the export line may show it.
     pub meta_changed: bool,
+    /// It became a page again, or stopped being one: what its sources' links resolve to
+    /// changed. (A URL parsed for the first time is not counted: the in-degree run that
+    /// counts its sources, which waited for it, tells rank of each.)
+    pub page_changed: bool,
     /// The body's simhash (a page's, of 3 tokens or more), for dedup's member row.
     pub simhash: Option<u64>,
     /// The links as the last run left them (what the last inversion inverted), and now.
@@ -60,6 +64,8 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<Option<Parsed>, O
     let Read { meta, links, follow, simhash } = read(&url, &head, &body);
     let kind_before = model::get_json::<Meta>(txn, row, col::META).await?.map(|m| m.kind);
     let counted_before = kind_before.is_some_and(PageKind::counts_inlinks);
+    let page_changed =
+        kind_before.is_some_and(|k| (k == PageKind::Page) != (meta.kind == PageKind::Page));
     if counted_before != meta.kind.counts_inlinks() {
         // indegree counts the inlinks of pages and redirects only (see its module).
         txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
@@ -99,7 +105,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<Option<Parsed>, O
         // once the redirect's registration is written).
         txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));
     }
-    Ok(Some(Parsed { meta_changed, simhash, links_before, links }))
+    Ok(Some(Parsed { meta_changed, page_changed, simhash, links_before, links }))
 }
 
 /// What the raw record says of the page: its meta, its links (target, anchor), what

@@ -1,10 +1,10 @@
 //! The queries: what users ask the index. Its report, the export (whole or a line at a
 //! time), one URL's record, a URL's canonical. Each reads one snapshot.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use bytes::Bytes;
-use perc_txn::{Client, RangeScan, Transaction};
+use perc_txn::{Client, RangeScan};
 use url::Url;
 
 use crate::model::{self, col, rows, ExportLine, LinkLine, Meta, PageKind, Want};
@@ -191,7 +191,7 @@ pub async fn export_each<E: From<IndexError>>(
         let keys: Vec<(Bytes, Bytes)> = lines.iter().flat_map(model::join_keys).collect();
         let mut joined = t.get_many(&keys).await.map_err(IndexError::from)?.into_iter();
         for line in lines {
-            let cells = [joined.next().flatten(), joined.next().flatten()];
+            let cells = [joined.next().flatten(), joined.next().flatten(), joined.next().flatten()];
             each(model::full_line(&t, line, cells).await?)?;
         }
         if !full {
@@ -226,7 +226,7 @@ pub async fn links_each<E: From<IndexError>>(
             })
             .collect();
         let tos: BTreeSet<&str> = edges.iter().map(|(to, _, _)| *to).collect();
-        let targets = pages_counted_for(&t, tos).await?;
+        let targets = model::pages_counted_for(&t, tos).await?;
         for (to, source, anchor) in edges {
             each(LinkLine {
                 from: source.to_string(),
@@ -244,53 +244,8 @@ pub async fn links_each<E: From<IndexError>>(
 /// The edges read at a time.
 const LINKS_PAGE: usize = 4096;
 
-/// For each URL, the page of the export its inlinks count for: itself if it is a page, the
-/// end of its redirect chain if it is an alias whose end is a page (as the in-degree counts
-/// them), else none. Two reads of the store for them all.
-async fn pages_counted_for<'u>(
-    t: &Transaction,
-    urls: BTreeSet<&'u str>,
-) -> Result<BTreeMap<&'u str, Option<String>>, IndexError> {
-    let keys: Vec<(Bytes, Bytes)> = urls
-        .iter()
-        .flat_map(|u| {
-            let row = model::page(u);
-            [(row.clone(), Bytes::from_static(col::META)), (row, Bytes::from_static(col::ALIAS_OF))]
-        })
-        .collect();
-    let cells = t.get_many(&keys).await?;
-    let is_page = |meta: &Option<Bytes>| -> Result<bool, IndexError> {
-        let Some(raw) = meta else { return Ok(false) };
-        let meta: Meta =
-            serde_json::from_slice(raw).map_err(|e| IndexError::corrupt("page:meta", e))?;
-        Ok(meta.kind == PageKind::Page)
-    };
-    let mut found = BTreeMap::new();
-    let mut ends = BTreeMap::new();
-    for (url, pair) in urls.into_iter().zip(cells.chunks(2)) {
-        if is_page(&pair[0])? {
-            found.insert(url, Some(url.to_string()));
-        } else {
-            let end = pair[1].as_ref().map(|e| String::from_utf8_lossy(e).into_owned());
-            found.insert(url, None);
-            if let Some(end) = end.filter(|e| !e.is_empty()) {
-                ends.insert(url, end);
-            }
-        }
-    }
-    let end_keys: Vec<(Bytes, Bytes)> =
-        ends.values().map(|e| (model::page(e), Bytes::from_static(col::META))).collect();
-    let end_metas = t.get_many(&end_keys).await?;
-    for ((url, end), meta) in ends.into_iter().zip(end_metas) {
-        if is_page(&meta)? {
-            found.insert(url, Some(end));
-        }
-    }
-    Ok(found)
-}
-
 /// What perc knows about one URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum PageInfo {
     /// A page: its export line, and what parse recorded (its declared canonical, a refresh).
     Page(ExportLine, Meta),
@@ -315,7 +270,7 @@ pub async fn page_info(client: &Client, url: &Url) -> Result<PageInfo, IndexErro
     let row = model::page(url.as_str());
     if let Some(line) = model::get_json::<ExportLine>(&t, &row, col::EXPORT_LINE).await? {
         let joined = t.get_many(&model::join_keys(&line)).await?;
-        let cells = [joined[0].clone(), joined[1].clone()];
+        let cells = [joined[0].clone(), joined[1].clone(), joined[2].clone()];
         let meta = model::get_json::<Meta>(&t, &row, col::META).await?.unwrap_or_default();
         return Ok(PageInfo::Page(model::full_line(&t, line, cells).await?, meta));
     }

@@ -61,6 +61,13 @@ impl Observer for Parse {
         if parsed.meta_changed {
             export::run(txn, row).await?;
         }
+        let url = model::url_of(row).unwrap_or_default();
+        if parsed.meta_changed || parsed.links != parsed.links_before {
+            model::signals::rank_targets_changed(txn, [url]);
+        }
+        if parsed.page_changed {
+            model::signals::rank_sources_changed(txn, url);
+        }
         if let Some(joined) = dedup::run(txn, row, parsed.simhash).await? {
             let url = model::url_of(row).unwrap_or_default();
             match cluster::found(txn, &joined.hash, url, &joined.simhash).await? {

@@ -155,7 +155,8 @@ pub async fn take(
 async fn document(txn: &Transaction, line: ExportLine) -> Result<SearchDoc, IndexError> {
     let row = model::page(&line.url);
     let joined = txn.get_many(&model::join_keys(&line)).await?;
-    let line = model::full_line(txn, line, [joined[0].clone(), joined[1].clone()]).await?;
+    let cells = [joined[0].clone(), joined[1].clone(), joined[2].clone()];
+    let line = model::full_line(txn, line, cells).await?;
     let body = match (txn.get(&row, col::RAW).await?, url::Url::parse(&line.url)) {
         (Some(raw), Ok(url)) => {
             let (head, body) = model::decode_raw(&raw)

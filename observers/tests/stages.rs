@@ -78,10 +78,10 @@ fn buffered(t: &Transaction, returned: &str) -> String {
     let mut out = String::new();
     for (row, column, value, unchecked) in t.buffered_writes() {
         let how = if unchecked { " (unchecked)" } else { "" };
-        // indegree's mark is the run's start: masked.
+        // indegree's and rank's marks are the run's start: masked.
         let start = Bytes::from(t.start_ts().0.to_string());
         let value = value.map(|v| {
-            if column.as_ref() == col::FOLDED && v == start {
+            if [col::FOLDED, col::RANK_FOLDED].contains(&column.as_ref()) && v == start {
                 Bytes::from_static(b"<start_ts>")
             } else {
                 v
@@ -388,6 +388,42 @@ fn indegree_folds_a_pages_changes_and_returns_what_follows() {
             assert!(!follow.export && follow.forward.is_none());
         })
         .await;
+    });
+}
+
+/// Two pages that link to each other (A also to C, which is no page), each with the word to
+/// resolve its out-set as parse leaves it: the bucket's run resolves both, ranks them in
+/// memory until each residual is within ε, and takes its rows; a second run changes nothing.
+#[test]
+fn rank_resolves_out_sets_and_ranks_a_bucket_in_one_run() {
+    rt().block_on(async {
+        let c = client().await;
+        let links = |targets: &[&str]| {
+            serde_json::to_vec(&targets.iter().map(|t| (*t, "x")).collect::<Vec<_>>()).unwrap()
+        };
+        given(&c, |t| {
+            for (url, targets) in [(A, links(&[B, C])), (B, links(&[A]))] {
+                t.set(model::page(url), Bytes::from_static(col::META), page_meta(url));
+                t.set(model::page(url), Bytes::from_static(col::LINKS), targets);
+            }
+            model::signals::rank_targets_changed(t, [A, B]);
+        })
+        .await;
+        let head = model::rank_head(model::rank_bucket(A));
+        first_run(&c, "rank", async |t| {
+            perc_observers::rank::run(t, &head).await.unwrap();
+            "()".into()
+        })
+        .await;
+        // PR = 1 for both (each the other's only source): within ε / 0.15 of it.
+        let t = c.begin().await.unwrap();
+        for url in [A, B] {
+            let raw = t.get(&model::page(url), col::RANK).await.unwrap().unwrap();
+            let (x, a) = model::rank_of(&raw).unwrap();
+            assert!((x - 1.0).abs() <= perc_observers::rank::EPSILON / 0.15, "{url}: {x}");
+            assert!((0.15 + a - x).abs() <= perc_observers::rank::EPSILON, "{url}: {x} {a}");
+        }
+        changes_nothing(&c, async |t| perc_observers::rank::run(t, &head).await.unwrap()).await;
     });
 }
 

@@ -13,7 +13,7 @@ use crate::{datapath, scaling};
 /// Runs `datapath` and `scaling` at `scale` and prints their tables, then the targets'.
 pub fn run(scale: f64) -> Result<()> {
     let webs = datapath::run(scale, &[])?;
-    let sizes = scaling::run(scale, None, true)?;
+    let sizes = scaling::run(scale, None, true, None)?;
     print(&webs, &sizes)
 }
 

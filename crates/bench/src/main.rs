@@ -54,6 +54,10 @@ enum Suite {
         /// Leave out `perc compact`'s rewrite and the updates on the compacted store.
         #[arg(long)]
         no_compact: bool,
+        /// Updates in the first series, if not 100 (with `--pages`: the sample is checked
+        /// after them all).
+        #[arg(long)]
+        updates: Option<usize>,
     },
     /// One size of `scaling`, in a process of its own (run by `scaling`).
     #[command(hide = true)]
@@ -65,6 +69,8 @@ enum Suite {
         /// Write the export's lines of the sampled pages here at the end.
         #[arg(long)]
         sample: Option<std::path::PathBuf>,
+        #[arg(long)]
+        updates: Option<usize>,
     },
     /// The check of a sample `scaling-one` wrote, in a process of its own (run by `scaling`).
     #[command(hide = true)]
@@ -126,11 +132,11 @@ fn main() -> anyhow::Result<()> {
         Suite::Notify => notify::run(args.scale),
         Suite::Pipeline => pipeline::run(args.scale),
         Suite::Distributed => distributed::run(args.scale),
-        Suite::Scaling { pages, no_compact } => {
-            scaling::run(args.scale, pages, !no_compact).map(drop)
+        Suite::Scaling { pages, no_compact, updates } => {
+            scaling::run(args.scale, pages, !no_compact, updates).map(drop)
         }
-        Suite::ScalingOne { pages, no_compact, sample } => {
-            scaling::one(pages, scaling::Options { compact: !no_compact, sample, updates: None })
+        Suite::ScalingOne { pages, no_compact, sample, updates } => {
+            scaling::one(pages, scaling::Options { compact: !no_compact, sample, updates })
         }
         Suite::ScalingCheck { sample } => check::one(&sample),
         Suite::Datapath { warcs } => datapath::run(args.scale, &warcs).map(drop),
@@ -149,7 +155,7 @@ fn main() -> anyhow::Result<()> {
             let webs = datapath::run(args.scale, &[])?;
             layout::run(args.scale)?;
             serve::run(args.scale)?;
-            let sizes = scaling::run(args.scale, None, true)?;
+            let sizes = scaling::run(args.scale, None, true, None)?;
             goals::print(&webs, &sizes)?;
             soak::run(120.0 * args.scale, 3_000, &[])
         }

@@ -185,7 +185,9 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
     let start = Instant::now();
     let mut batch = Vec::with_capacity(LOAD_BATCH);
     let mut html_bytes = 0;
-    // No search index drains the queue here: it is bounded as `perc replay` bounds it.
+    // No search index drains the queue here: it is bounded as `perc replay` bounds it. The
+    // ranks are settled at the end, as `perc replay` settles them.
+    perc_observers::rank::defer(&loader, true).await?;
     for (url, response) in web.responses() {
         html_bytes += response.body.len() as u64;
         batch.push(Recorded { url, response });
@@ -197,6 +199,9 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
         }
     }
     perc_observers::load_recorded(&loader, &batch).await?;
+    workers.wait().await?;
+    pipeline.settle_ranks().await?;
+    workers.kick();
     workers.wait().await?;
     pipeline.bound_search_queue(true).await;
     let replay_s = start.elapsed().as_secs_f64();
@@ -357,7 +362,12 @@ async fn updates(
 /// The parent: every size in a child, then the tables. The three sizes (1k, 10k and 100k
 /// pages, scaled); or, with `pages`, that size alone (the million-page run: `perc-bench
 /// scaling --pages 1000000`), its export then checked on a sample (crate::check).
-pub fn run(scale: f64, pages: Option<u64>, compact: bool) -> Result<Vec<Figures>> {
+pub fn run(
+    scale: f64,
+    pages: Option<u64>,
+    compact: bool,
+    updates: Option<usize>,
+) -> Result<Vec<Figures>> {
     println!("# perc-bench scaling (scale {scale}; 2 worker threads; sled 0.34 in a temp dir)");
     let sizes = match pages {
         Some(n) => vec![n],
@@ -374,6 +384,9 @@ pub fn run(scale: f64, pages: Option<u64>, compact: bool) -> Result<Vec<Figures>
         if pages.is_some() {
             args.extend(["--sample".into(), sample.display().to_string()]);
         }
+        if let Some(u) = updates {
+            args.extend(["--updates".into(), u.to_string()]);
+        }
         all.push(in_a_child(&args, &[])?);
     }
     let mut t = Table::new();
@@ -384,11 +397,13 @@ pub fn run(scale: f64, pages: Option<u64>, compact: bool) -> Result<Vec<Figures>
             "export of a sample against the reference",
             format!("{} / {}", c.equal, c.sampled),
             format!(
-                "lines equal to perc-reference's, of {} sampled URLs ({} of them pages); the \
-                 reference parsed the web in {:.0} s and made the lines in {:.0} s, peak RSS \
-                 {} MiB{}",
+                "lines equal to perc-reference's, of {} sampled URLs ({} of them pages; \
+                 pagerank at most {:.6} from the exact, {:.2} of its bound); the reference \
+                 parsed the web in {:.0} s and made the lines in {:.0} s, peak RSS {} MiB{}",
                 c.sampled,
                 c.lines,
+                c.pagerank_error,
+                c.pagerank_share,
                 c.parse_s,
                 c.lines_s,
                 c.rss_kb / 1024,

@@ -95,8 +95,33 @@ impl Pipeline {
     }
 
     /// [`Pipeline::run_until_quiet`]; `watching`: off a terminal, print the backlog every
-    /// [`BACKLOG_LINE_EVERY`].
+    /// [`BACKLOG_LINE_EVERY`]. When the ranks are deferred (a bulk load, or one killed
+    /// before its end), settles them once the rest is quiet, and runs on until quiet again.
     pub(crate) async fn run_quiet(
+        &self,
+        what: &str,
+        watching: bool,
+        stop: &CancellationToken,
+    ) -> Result<RunSummary> {
+        let run = self.run_quiet_once(what, watching, stop).await?;
+        if !self.settle_ranks().await? {
+            return Ok(run);
+        }
+        let settled = self.run_quiet_once(what, watching, stop).await?;
+        Ok(RunSummary { seconds: run.seconds + settled.seconds, ..settled })
+    }
+
+    /// Settles the ranks if they are deferred ([`perc_observers::rank::settle`]); whether it did.
+    pub async fn settle_ranks(&self) -> Result<bool> {
+        if !perc_observers::rank::deferred(&self.client).await? {
+            return Ok(false);
+        }
+        let pages = perc_observers::rank::settle(&self.client).await?;
+        tracing::debug!(pages, "ranks settled");
+        Ok(true)
+    }
+
+    async fn run_quiet_once(
         &self,
         what: &str,
         watching: bool,

@@ -214,6 +214,30 @@ fn paragraph(rng: &mut StdRng) -> String {
     words.join(" ")
 }
 
+/// Whether `got` is `want`: every field equal but `pagerank`, which is within the bound the
+/// ranks are kept in (spec §6.4b: max(0.001, 0.001 · exact), plus the rounding of the two
+/// to six decimals). `Err` names what differs.
+fn same_export(mut got: Vec<ExportLine>, want: &[ExportLine]) -> Result<(), String> {
+    let mut far = Vec::new();
+    for (g, w) in got.iter_mut().zip(want) {
+        if g.url == w.url {
+            let bound = 0.001f64.max(0.001 * w.pagerank) + 2e-6;
+            if (g.pagerank - w.pagerank).abs() > bound {
+                far.push(format!("{}: pagerank {} against {}", g.url, g.pagerank, w.pagerank));
+            }
+            g.pagerank = w.pagerank;
+        }
+    }
+    let (got, want) = (show(&got), show(want));
+    if got != want {
+        return Err(format!("the export differs\n got: {got}\nwant: {want}"));
+    }
+    if !far.is_empty() {
+        return Err(format!("pagerank beyond the bound: {far:?}"));
+    }
+    Ok(())
+}
+
 fn show(lines: &[ExportLine]) -> String {
     lines.iter().map(|l| serde_json::to_string(l).unwrap()).collect::<Vec<_>>().join("\n")
 }
@@ -355,11 +379,8 @@ fn random_webs(k: u64) {
                 let failures = h.engine().failed_list().await.unwrap();
                 return Err(format!("{report:?} {failures:?}"));
             }
-            let got = show(&perc_observers::export(h.client()).await.unwrap());
-            let want = show(&reference(&fetched));
-            if got != want {
-                return Err(format!("incremental export differs\n got: {got}\nwant: {want}"));
-            }
+            let got = perc_observers::export(h.client()).await.unwrap();
+            same_export(got, &reference(&fetched)).map_err(|e| format!("incremental: {e}"))?;
             check_links(&h, &fetched).await?;
             check_search(&h, &mut mirror).await
         });
@@ -442,7 +463,7 @@ fn crawl_from_seeds_matches_the_reference_crawl() {
             h.engine().run_until_quiet().await.unwrap();
             let got = perc_observers::export(h.client()).await.unwrap();
             let want = reference(&reference_crawl(&web, &[&urls[0]], &scope));
-            assert_eq!(show(&got), show(&want), "crawl seed {seed}");
+            same_export(got, &want).unwrap_or_else(|e| panic!("crawl seed {seed}: {e}"));
 
             // Change some pages, refetch them: the export follows.
             for _ in 0..3 {
@@ -460,7 +481,8 @@ fn crawl_from_seeds_matches_the_reference_crawl() {
                 .iter()
                 .map(|u| (u.to_string(), web.get(u.as_str())))
                 .collect();
-            assert_eq!(show(&got), show(&reference(&fetched)), "crawl seed {seed}, after refetch");
+            same_export(got, &reference(&fetched))
+                .unwrap_or_else(|e| panic!("crawl seed {seed}, after refetch: {e}"));
         });
     }
 }
@@ -647,11 +669,24 @@ fn an_export_notification_left_by_an_earlier_version_still_makes_the_line() {
     });
 }
 
+sharded!(concurrent_workers:
+    incremental_equals_from_scratch_with_concurrent_workers_0 = 0,
+    incremental_equals_from_scratch_with_concurrent_workers_1 = 1,
+    incremental_equals_from_scratch_with_concurrent_workers_2 = 2,
+    incremental_equals_from_scratch_with_concurrent_workers_3 = 3,
+    incremental_equals_from_scratch_with_concurrent_workers_4 = 4,
+    incremental_equals_from_scratch_with_concurrent_workers_5 = 5);
+
 /// The same property with real concurrency: background workers (several scanners, many runs
-/// in flight, on a multi-threaded runtime) process while the edits land.
-#[test]
-fn incremental_equals_from_scratch_with_concurrent_workers() {
-    let seeds = seeds(30);
+/// in flight, on a multi-threaded runtime) process while the edits land. Shard `k` of the
+/// seeds.
+fn concurrent_workers(k: u64) {
+    // A seed that once found a bug, by a longer search: a page stopped being one while a
+    // source linked to it anew, and the source's rank missed it (4403).
+    let mut seeds = shard(30, k);
+    if std::env::var("PERC_SEED").is_err() {
+        seeds.extend([4403].into_iter().filter(|s| s % SHARDS == k));
+    }
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
     let mut failed = Vec::new();
@@ -706,13 +741,9 @@ fn incremental_equals_from_scratch_with_concurrent_workers() {
             if !failures.is_empty() {
                 return Err(format!("parked: {failures:?}"));
             }
-            let got = show(&perc_observers::export(h.client()).await.unwrap());
-            let want = show(&reference(&fetched));
-            if got != want {
-                return Err(format!(
-                    "concurrent workers' export differs\n got: {got}\nwant: {want}"
-                ));
-            }
+            let got = perc_observers::export(h.client()).await.unwrap();
+            same_export(got, &reference(&fetched))
+                .map_err(|e| format!("concurrent workers: {e}"))?;
             check_links(&h, &fetched).await?;
             check_search(&h, &mut mirror).await
         });
@@ -738,7 +769,8 @@ fn declared_canonicals_vote_through_aliases_and_refresh_pages_redirect() {
             load(&h, url, r).await;
             h.engine().run_until_quiet().await.unwrap();
             let got = perc_observers::export(h.client()).await.unwrap();
-            assert_eq!(show(&got), show(&reference(&fetched)), "after loading {url}");
+            same_export(got, &reference(&fetched))
+                .unwrap_or_else(|e| panic!("after loading {url}: {e}"));
         };
         let canon = async |u: &str| {
             perc_observers::canonical(h.client(), &Url::parse(u).unwrap()).await.unwrap()

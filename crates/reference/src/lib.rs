@@ -239,6 +239,7 @@ impl Reference {
                 })
                 .expect("a cluster has a member")
         };
+        let ranks = self.pageranks();
         let mut out = Vec::new();
         for (u, p) in selected {
             let hash = p.hash.as_str();
@@ -262,6 +263,7 @@ impl Reference {
                 in_degree: indeg(u),
                 noindex: p.noindex,
                 near_duplicates,
+                pagerank: ranks.get(u).map_or(0.0, |x| (x * 1e6).round() / 1e6),
                 lang: p.lang.map(str::to_string),
                 inlinks: links,
             });

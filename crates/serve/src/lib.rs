@@ -202,7 +202,12 @@ pub async fn run(
         async move { serving.await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))) };
     let working = {
         let (app, stop) = (app.clone(), stop.clone());
-        indexing.spawn(async move { app.work(&stop).await })
+        // A bulk load killed before its end left the ranks deferred: settled first (at what
+        // the store holds; the rank runs correct what changes after).
+        indexing.spawn(async move {
+            app.settle_ranks().await?;
+            app.work(&stop).await
+        })
     };
     // The workers ending on an error (a full disk) stop the whole server with it: answering
     // 500 to every request while nothing is indexed is no way to fail.

@@ -10,7 +10,10 @@ use serde::Serialize;
 
 use perc_crawl::simhash::{distance, NEAR_BITS_MAX};
 
-use super::records::{ExportLine, Inlink, NEAR_LISTED_MAX};
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+
+use super::records::{ExportLine, Inlink, Meta, PageKind, NEAR_LISTED_MAX};
 use super::schema::{child_key, children, cluster_head, col, page, rows, BlockEntry};
 use crate::IndexError;
 
@@ -33,6 +36,20 @@ pub async fn child_keys(
 ) -> Result<Vec<String>, TxnError> {
     let (start, end) = children(kind, key);
     Ok(child_keys_of(txn.scan(&start, &end, column).await?.iter().map(|(row, _)| row)))
+}
+
+/// The child keys of every row of `kind` under each of `keys` with `column` set, in one
+/// call for them all.
+pub async fn child_keys_under(
+    txn: &Transaction,
+    kind: &'static rows::Prefix,
+    keys: &[&str],
+    column: &[u8],
+) -> Result<Vec<String>, TxnError> {
+    let spans: Vec<(Vec<u8>, Vec<u8>)> = keys.iter().map(|k| children(kind, k)).collect();
+    let ranges: Vec<(&[u8], &[u8])> = spans.iter().map(|(s, e)| (&s[..], &e[..])).collect();
+    let found = txn.scan_ranges(&ranges, column).await?;
+    Ok(found.iter().flat_map(|rows| child_keys_of(rows.iter().map(|(row, _)| row))).collect())
 }
 
 /// The child keys of the child rows `rows` (see [`child_key`]).
@@ -63,14 +80,31 @@ pub async fn inlinks(txn: &Transaction, names: &[String]) -> Result<Vec<Inlink>,
 
 /// The cells a line's join reads ([`full_line`]): the page's `fwd:names` and, for the
 /// canonical's line, its cluster's `near:list`.
-pub fn join_keys(line: &ExportLine) -> [(Bytes, Bytes); 2] {
+pub fn join_keys(line: &ExportLine) -> [(Bytes, Bytes); 3] {
     let near = if line.canonical == line.url {
         (cluster_head(&line.content_hash), Bytes::from_static(col::NEAR_LIST))
     } else {
         // A cell nobody writes: a line that is not its cluster's canonical lists none.
         (page(&line.url), Bytes::from_static(col::NEAR_LIST))
     };
-    [(page(&line.url), Bytes::from_static(col::FWD_NAMES)), near]
+    [
+        (page(&line.url), Bytes::from_static(col::FWD_NAMES)),
+        near,
+        (page(&line.url), Bytes::from_static(col::RANK)),
+    ]
+}
+
+/// A page's `rank:rank`: its rank x and what its sources pushed it, A (see
+/// [`crate::rank`]), two decimals as Rust writes an f64 (which read back exactly).
+pub fn rank_of(raw: &[u8]) -> Option<(f64, f64)> {
+    let (x, a) = std::str::from_utf8(raw).ok()?.split_once(' ')?;
+    let (x, a) = (x.parse::<f64>().ok()?, a.parse::<f64>().ok()?);
+    (x.is_finite() && a.is_finite()).then_some((x, a))
+}
+
+/// The text of a page's `rank:rank` ([`rank_of`]).
+pub fn rank_text(x: f64, a: f64) -> Bytes {
+    Bytes::from(format!("{x} {a}"))
 }
 
 /// A page's export line with its inlinks and near-duplicates joined in (spec §7): the
@@ -80,9 +114,16 @@ pub fn join_keys(line: &ExportLine) -> [(Bytes, Bytes); 2] {
 pub async fn full_line(
     txn: &Transaction,
     mut line: ExportLine,
-    joined: [Option<Bytes>; 2],
+    joined: [Option<Bytes>; 3],
 ) -> Result<ExportLine, IndexError> {
-    let [fwd_names, near] = joined;
+    let [fwd_names, near, rank] = joined;
+    if let Some(raw) = rank {
+        let (x, _) = rank_of(&raw).ok_or_else(|| {
+            IndexError::corrupt(format!("rank:rank of {}", line.url), raw.escape_ascii())
+        })?;
+        // Six decimals: far inside the bound the ranks are kept within (spec §6.4b).
+        line.pagerank = (x * 1e6).round() / 1e6;
+    }
     if let Some(raw) = near {
         line.near_duplicates = serde_json::from_slice(&raw)
             .map_err(|e| IndexError::corrupt(format!("near:list of {}", line.url), e))?;
@@ -263,4 +304,49 @@ pub fn write_near_list(
         }
     }
     Ok(())
+}
+
+/// For each URL, the page of the export its inlinks count for: itself if it is a page, the
+/// end of its redirect chain if it is an alias whose end is a page (as the in-degree counts
+/// them), else none. Two reads of the store for them all.
+pub async fn pages_counted_for<'u>(
+    t: &Transaction,
+    urls: BTreeSet<&'u str>,
+) -> Result<BTreeMap<&'u str, Option<String>>, IndexError> {
+    let keys: Vec<(Bytes, Bytes)> = urls
+        .iter()
+        .flat_map(|u| {
+            let row = page(u);
+            [(row.clone(), Bytes::from_static(col::META)), (row, Bytes::from_static(col::ALIAS_OF))]
+        })
+        .collect();
+    let cells = t.get_many(&keys).await?;
+    let is_page = |meta: &Option<Bytes>| -> Result<bool, IndexError> {
+        let Some(raw) = meta else { return Ok(false) };
+        let meta: Meta =
+            serde_json::from_slice(raw).map_err(|e| IndexError::corrupt("page:meta", e))?;
+        Ok(meta.kind == PageKind::Page)
+    };
+    let mut found = BTreeMap::new();
+    let mut ends = BTreeMap::new();
+    for (url, pair) in urls.into_iter().zip(cells.chunks(2)) {
+        if is_page(&pair[0])? {
+            found.insert(url, Some(url.to_string()));
+        } else {
+            let end = pair[1].as_ref().map(|e| String::from_utf8_lossy(e).into_owned());
+            found.insert(url, None);
+            if let Some(end) = end.filter(|e| !e.is_empty()) {
+                ends.insert(url, end);
+            }
+        }
+    }
+    let end_keys: Vec<(Bytes, Bytes)> =
+        ends.values().map(|e| (page(e), Bytes::from_static(col::META))).collect();
+    let end_metas = t.get_many(&end_keys).await?;
+    for ((url, end), meta) in ends.into_iter().zip(end_metas) {
+        if is_page(&meta)? {
+            found.insert(url, Some(end));
+        }
+    }
+    Ok(found)
 }

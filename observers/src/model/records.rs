@@ -238,7 +238,7 @@ pub struct Inlink {
 }
 
 /// One line of the export (spec §7), fields in the documented order.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExportLine {
     pub url: String,
     pub canonical: String,
@@ -250,6 +250,9 @@ pub struct ExportLine {
     /// sorted, at most [`NEAR_LISTED_MAX`]; `[]` on every other line.
     #[serde(default)]
     pub near_duplicates: Vec<String>,
+    /// Its PageRank (spec §6.4b), joined from `rank:rank` when read; 0 in the stored line.
+    #[serde(default)]
+    pub pagerank: f64,
     /// The language of the page's main text, ISO 639-3, or `None` (spec §6.4b).
     #[serde(default)]
     pub lang: Option<String>,

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use perc_txn::Transaction;
 
-use super::{cluster_head, col, page};
+use super::{cluster_head, col, page, push, rank_bucket, rank_head};
 
 /// The columns of a URL's row that say whether indegree may count its inlinks: a URL on
 /// which neither was ever written (never parsed, never an alias) is not counted, and the
@@ -39,4 +39,39 @@ pub fn hold_membership(txn: &mut Transaction, member_row: &Bytes, hash: impl Int
 /// chooses again (weakly: many members, one head).
 pub fn tell_cluster(txn: &mut Transaction, hash: &str) {
     txn.notify(cluster_head(hash), Bytes::from_static(col::CLUSTER_DIRTY));
+}
+
+/// Tells the rank of each of `urls` that what its links resolve to may have changed (a
+/// page's links or what it is, an alias's chain): its run resolves its out-set again.
+pub fn rank_targets_changed<'a>(txn: &mut Transaction, urls: impl IntoIterator<Item = &'a str>) {
+    tell_rank(txn, urls, b"1");
+}
+
+/// Tells the rank that `url` became or stopped being a page: the run resolves again the
+/// out-sets of its sources (those linking to it, and those reaching it through an alias),
+/// enumerated in the run, after this commit (an enumeration here could miss a source that
+/// links to it in a transaction running beside this one, whose own resolution saw it as
+/// it was).
+pub fn rank_sources_changed(txn: &mut Transaction, url: &str) {
+    tell_rank(txn, [url], b"s");
+}
+
+fn tell_rank<'a>(
+    txn: &mut Transaction,
+    urls: impl IntoIterator<Item = &'a str>,
+    word: &'static [u8],
+) {
+    let ts = txn.start_ts().0;
+    let mut buckets = std::collections::BTreeSet::new();
+    for url in urls {
+        txn.set_unchecked(
+            push(url, ts),
+            Bytes::from_static(col::RESOLVE),
+            Bytes::from_static(word),
+        );
+        buckets.insert(rank_bucket(url));
+    }
+    for b in buckets {
+        txn.notify(rank_head(b), Bytes::from_static(col::RANK_DIRTY));
+    }
 }

@@ -154,6 +154,38 @@ pub fn golden(name: &str, actual: &str) {
     );
 }
 
+/// How two exports differ, if they do: every line's fields must be equal but `pagerank`,
+/// which must agree within the bound the ranks are kept in (max(0.001, 0.001 · rank),
+/// docs/spec.md §6.4b; and the six decimals' rounding).
+pub fn export_difference(got: &str, want: &str) -> Option<String> {
+    let (got_lines, want_lines): (Vec<&str>, Vec<&str>) =
+        (got.lines().collect(), want.lines().collect());
+    if got_lines.len() != want_lines.len() {
+        return Some(format!("{} lines against {}", got_lines.len(), want_lines.len()));
+    }
+    let rank = |v: &mut serde_json::Value| v.as_object_mut()?.remove("pagerank")?.as_f64();
+    for (g, w) in got_lines.iter().zip(&want_lines) {
+        let mut g: serde_json::Value = serde_json::from_str(g).unwrap();
+        let mut w: serde_json::Value = serde_json::from_str(w).unwrap();
+        match (rank(&mut g), rank(&mut w)) {
+            (Some(a), Some(b)) if (a - b).abs() <= f64::max(0.001, 0.001 * a.max(b)) + 2e-6 => {}
+            (None, None) => {}
+            (a, b) => return Some(format!("pagerank {a:?} against {b:?} in {g}")),
+        }
+        if g != w {
+            return Some(format!("{g}\nagainst\n{w}"));
+        }
+    }
+    None
+}
+
+/// Asserts that two exports are the same ([`export_difference`]).
+pub fn assert_same_export(got: &str, want: &str, what: &str) {
+    if let Some(d) = export_difference(got, want) {
+        panic!("{what}: {d}\n--- want\n{want}\n--- got\n{got}");
+    }
+}
+
 /// An independent validator (warcio, from Python's index; `make test` installs it) reads
 /// every record of `warc` and checks its digests: a warcinfo first, then each request and
 /// response with a block digest that passes, and revisits (whose digests name the record

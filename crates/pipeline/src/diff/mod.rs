@@ -277,12 +277,29 @@ where
     Ok(out)
 }
 
+/// Whether two values of field `field` are the same: equal, or for `pagerank` within the
+/// bound the ranks are kept in (spec §6.4b: max(0.001, 0.001 · the larger), plus the six
+/// decimals they are written with), so that exports do not differ by the order updates came
+/// in.
+fn same(field: &str, old: &Value, new: &Value) -> bool {
+    if old == new {
+        return true;
+    }
+    match (field, old.as_f64(), new.as_f64()) {
+        ("pagerank", Some(a), Some(b)) => {
+            use perc_observers::rank::{bound, ROUNDING};
+            (a - b).abs() <= bound(a.abs().max(b.abs())) + ROUNDING
+        }
+        _ => false,
+    }
+}
+
 /// The differences of one page present on both sides, if any.
 fn compare(old: Line, mut new: Line) -> Option<PageDiff> {
     let mut fields = Vec::new();
     for (k, v) in old.fields {
         let n = new.fields.remove(&k).unwrap_or(Value::Null);
-        if v != n {
+        if !same(&k, &v, &n) {
             fields.push(FieldChange { field: k, old: v, new: n });
         }
     }
@@ -516,6 +533,19 @@ mod tests {
         assert!(page.contains("… and 7 more added pages"), "{}", &page[page.len() - 300..]);
         let same = diff(side("old", A), side("new", A)).unwrap();
         assert!(same.html(&Names { old: "a", new: "b" }).contains("The same: 3 pages."));
+    }
+
+    #[test]
+    fn pageranks_within_the_bound_are_the_same() {
+        let line = |rank: &str| format!(r#"{{"url":"http://a/","pagerank":{rank},"inlinks":[]}}"#);
+        let differ = |a: &str, b: &str| {
+            !diff(side("old", &line(a)), side("new", &line(b))).unwrap().is_empty()
+        };
+        assert!(!differ("0.15", "0.1509"), "within 0.001");
+        assert!(differ("0.15", "0.1515"));
+        assert!(!differ("10.0", "10.009"), "within 0.001 of the rank");
+        assert!(differ("10.0", "10.02"));
+        assert!(differ("0.15", "null"), "a rank against none differs");
     }
 
     #[test]

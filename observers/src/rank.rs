@@ -1,0 +1,609 @@
+//! rank: each page's PageRank (spec §6.4b), kept current by pushes.
+//!
+//! The graph is the in-degree's: q → p for each distinct pair of pages where q links to p or
+//! to an alias of p (q ≠ p); PR(p) = 0.15 + 0.85 · Σ PR(q) / outdeg(q). Each page keeps an
+//! estimate x(p) and A(p), the sum of what its sources pushed to it (`rank:rank` holds
+//! both); its residual is ρ(p) = 0.15 + A(p) − x(p). A source q pushes w(q) = 0.85 · x(q) /
+//! |S(q)| to each page of its out-set S(q) (`rank:out`), as changes: when x(q) or S(q)
+//! changes, each target gets the difference of what q pushes it. At quiescence every push
+//! is folded (A(p) = Σ w(q) over its sources) and |ρ(p)| ≤ [`EPSILON`] for every page, so
+//! x − x̂ = (I − 0.85 M)⁻¹ ρ, and |x − x̂| ≤ (ε / 0.15) · x: with ε = 1e-4, within 0.00067 · x
+//! of the exact rank, inside the bound of max(0.001, 0.001 · x).
+//!
+//! Pushes are combined as Fluo's CombineQueue combines updates: they are rows of the
+//! target's bucket (`g:<bucket>\0<target>\0<ts>`, one per writing transaction and target,
+//! written without a lock), and one run of the bucket folds them all, so that a page with
+//! thousands of sources is no conflict hot spot. The run then lets each page whose residual
+//! passes ε absorb it (x += ρ) and push on, in memory, round after round, folding the pushes
+//! to pages of its bucket in the same transaction (Gauss–Seidel) and writing those to other
+//! buckets as rows; past [`PAGES_MAX`] pages or [`READS_MAX`] rounds that read, what is left goes back
+//! to its bucket's rows.
+//!
+//! - Trigger: `rank:dirty` of the bucket's head row `g:<bucket>` (weak), set with every
+//!   push row and every word to resolve a page's out-set again (`rank:resolve`): parse
+//!   writes one when a page's links or what it is change, and, when it becomes or stops
+//!   being a page, for each of its sources (the `e:` rows into it and the `x:` rows of
+//!   those that reach it through aliases); indegree, for the sources whose links to an alias
+//!   resolve elsewhere, or to a URL that became a page.
+//! - Reads: the bucket's rows (at most [`FOLD_MAX`]; the rest by a run it asks for), the
+//!   rank cells of the pages they name and those its pushes reach, and for a page to resolve,
+//!   `page:meta`, `page:links` and what the links count for: a page, or the page an alias's
+//!   chain ends at (`indeg:alias_of`), as the in-degree counts them
+//!   ([`model::pages_counted_for`]). A URL that is not a page has no rank and pushes nothing.
+//! - Writes: the rank cells that changed, push rows to other buckets, its mark.
+//! - Takes its rows by a mark, as indegree takes its change rows (`rank:folded`).
+//! - Twice is harmless: a run with nothing to fold writes nothing.
+//! - A bulk load defers the runs (`m:config rank:deferred`) and [`settle`]s at its end.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use perc_notify::{Observer, ObserverError};
+use perc_txn::{Found, RangeScan, Transaction};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{self, col, rows, Meta, PageKind};
+use crate::IndexError;
+
+/// The residual a page absorbs past.
+pub const EPSILON: f64 = 1e-4;
+
+/// The damping factor.
+pub const DAMPING: f64 = 0.85;
+
+/// The rank a page starts from, and what it gets with no source.
+pub const TELEPORT: f64 = 1.0 - DAMPING;
+
+/// The bound each page's rank is kept within of the exact PageRank at quiescence (spec
+/// §6.4b): max(0.001, 0.001 · exact).
+pub fn bound(exact: f64) -> f64 {
+    0.001f64.max(0.001 * exact.abs())
+}
+
+/// What the export's six decimals add to the bound between two written ranks.
+pub const ROUNDING: f64 = 2e-6;
+
+/// Push rows a run folds at most.
+pub const FOLD_MAX: usize = 16384;
+
+/// Pages a run reads at most: past them, what is left to fold goes back to the bucket.
+pub const PAGES_MAX: usize = 4096;
+
+/// A rank within this share of the settled one is left as it is by [`settle`].
+const SETTLED: f64 = 1e-9;
+
+/// Rounds of absorbing that read the store a run does at most (rounds among the pages it
+/// has read cost no call).
+pub const READS_MAX: usize = 24;
+
+/// Pages [`settle`] writes a transaction.
+const SETTLE_CHUNK: usize = 256;
+
+/// What a page's pushes go to (`rank:out`): its out-set. What it pushes each target is its
+/// weight, [`weight`]; a URL that is not a page has no rank and pushes nothing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Out {
+    /// Its targets, sorted.
+    pub targets: Vec<String>,
+}
+
+/// What a source of rank `x` pushes each target of `out`: 0.85 · x / |S|.
+fn weight(x: f64, out: &Out) -> f64 {
+    match out.targets.len() {
+        0 => 0.0,
+        n => DAMPING * x / n as f64,
+    }
+}
+
+fn number(raw: &[u8], what: &str, url: &str) -> Result<f64, IndexError> {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|x| x.is_finite())
+        .ok_or_else(|| IndexError::corrupt(format!("{what} of {url}"), raw.escape_ascii()))
+}
+
+/// A page's `rank:rank` ((x, A); none is (0, 0)) and `rank:out` as stored.
+fn stored(
+    url: &str,
+    rank: &Option<Bytes>,
+    out: &Option<Bytes>,
+) -> Result<((f64, f64), Out), IndexError> {
+    let rank = match rank {
+        None => (0.0, 0.0),
+        Some(raw) => model::rank_of(raw).ok_or_else(|| {
+            IndexError::corrupt(format!("rank:rank of {url}"), raw.escape_ascii())
+        })?,
+    };
+    let out: Out = out
+        .as_ref()
+        .map(|o| serde_json::from_slice(o))
+        .transpose()
+        .map_err(|e| IndexError::corrupt(format!("rank:out of {url}"), e))?
+        .unwrap_or_default();
+    Ok((rank, out))
+}
+
+/// A page's rank cells as a run found them, and as it leaves them; its out-set is read
+/// only when it moves.
+#[derive(Clone, Debug, Default)]
+struct State {
+    x: f64,
+    a: f64,
+    out: Option<Out>,
+    before: (f64, f64, Option<Out>),
+}
+
+/// The stage, as a run of rank on a bucket's head row `row`.
+pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError> {
+    let Some(bucket) = model::rank_head_bucket(row) else { return Ok(()) };
+    let cells = [
+        (row.clone(), Bytes::from_static(col::RANK_FOLDED)),
+        (Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::RANK_DEFERRED)),
+    ];
+    let [mark, deferred] =
+        <[Option<Bytes>; 2]>::try_from(txn.get_many(&cells).await?).expect("two cells");
+    if deferred.is_some() {
+        // A bulk load: the ranks are settled at its end ([`settle`]), which tells every bucket.
+        return Ok(());
+    }
+    let mark = match mark {
+        None => 0,
+        Some(v) => {
+            std::str::from_utf8(&v).ok().and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| {
+                IndexError::corrupt(format!("rank:folded of bucket {bucket}"), v.escape_ascii())
+            })?
+        }
+    };
+    let (start, end) = model::children(&rows::PUSHES, &format!("{bucket:02x}"));
+    let mut found = txn
+        .scan_each_found(&[
+            RangeScan::new(&start, &end, col::PUSH).first(FOLD_MAX),
+            RangeScan::new(&start, &end, col::RESOLVE).first(FOLD_MAX),
+        ])
+        .await?;
+    let resolves = found.pop().unwrap_or_default();
+    let pushes = found.pop().unwrap_or_default();
+    let taken = take_pushes(txn, pushes, resolves, mark)?;
+    if taken.more {
+        txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
+    }
+    let mut resolve = taken.resolve;
+    let changed: Vec<&str> = taken.sources_of.iter().map(String::as_str).collect();
+    if !changed.is_empty() {
+        let mut sources = model::child_keys_under(txn, &rows::EDGES, &changed, col::EDGE).await?;
+        sources.extend(model::child_keys_under(txn, &rows::VIAS, &changed, col::VIA).await?);
+        // A page's cells are written by its own bucket's runs only: the sources of another
+        // bucket are told there.
+        let (here, there): (Vec<String>, Vec<String>) =
+            sources.into_iter().partition(|s| model::rank_bucket(s) == bucket);
+        resolve.extend(here);
+        model::signals::rank_targets_changed(txn, there.iter().map(String::as_str));
+    }
+    let outbox = absorb(txn, bucket, taken.pushes, resolve).await?;
+    write_pushes(txn, outbox);
+    if taken.folded {
+        txn.set(
+            row.clone(),
+            Bytes::from_static(col::RANK_FOLDED),
+            Bytes::from(taken.mark.to_string()),
+        );
+    }
+    Ok(())
+}
+
+/// Folds `pushes` into the bucket's pages and resolves the out-sets of `resolve`, then lets
+/// each page whose residual passes ε absorb it, in rounds: a push to a page of the bucket is
+/// folded in the same transaction (Gauss–Seidel inside the bucket), the pushes to another
+/// bucket's pages are returned, summed by target, for push rows. Writes the rank cells that
+/// changed.
+async fn absorb(
+    txn: &mut Transaction,
+    bucket: u8,
+    mut pushes: BTreeMap<String, f64>,
+    mut resolve: BTreeSet<String>,
+) -> Result<BTreeMap<String, f64>, IndexError> {
+    let mut states: BTreeMap<String, State> = BTreeMap::new();
+    let mut outbox: BTreeMap<String, f64> = BTreeMap::new();
+    let mut reads = 0;
+    loop {
+        let due: BTreeSet<String> = pushes.keys().chain(&resolve).cloned().collect();
+        if due.is_empty() {
+            break;
+        }
+        if due.iter().any(|u| !states.contains_key(u)) {
+            reads += 1;
+        }
+        if states.len() >= PAGES_MAX || reads > READS_MAX {
+            // A bounded transaction (a run must end well within its lease, on any store):
+            // what is left goes back to the bucket for its next run.
+            outbox.extend(pushes);
+            break;
+        }
+        load_ranks(txn, &due, &mut states).await?;
+        // A page has a rank (a URL that is not one has none), unless resolved otherwise.
+        let mut moving = Vec::new();
+        for url in &due {
+            let state = states.get_mut(url).expect("read");
+            state.a += pushes.remove(url).unwrap_or(0.0);
+            if resolve.contains(url)
+                || (state.x > 0.0 && (TELEPORT + state.a - state.x).abs() > EPSILON)
+            {
+                moving.push(url);
+            }
+        }
+        load_outs(txn, &moving, &mut states).await?;
+        let resolved = out_sets(txn, &resolve).await?;
+        for url in moving {
+            let state = states.get_mut(url).expect("read");
+            let before = state.out.clone().unwrap_or_default();
+            let (page, out) = match resolved.get(url) {
+                Some((page, targets)) => (*page, Out { targets: targets.clone() }),
+                None => (state.x > 0.0, before.clone()),
+            };
+            let x = match page {
+                false => 0.0,
+                true => TELEPORT + state.a,
+            };
+            for (target, change) in changes((state.x, &before), (x, &out)) {
+                if model::rank_bucket(&target) == bucket {
+                    *pushes.entry(target).or_default() += change;
+                } else {
+                    *outbox.entry(target).or_default() += change;
+                }
+            }
+            state.x = x;
+            state.out = Some(out);
+        }
+        resolve.clear();
+    }
+    for (url, state) in states {
+        let row = model::page(&url);
+        let (x, a, out) = &state.before;
+        // Unchecked: every transaction that writes a page's rank cells writes its bucket's
+        // mark, checked (a run, or settle's hold of it), and conflicts there.
+        if (state.x, state.a) != (*x, *a) {
+            let text = model::rank_text(state.x, state.a);
+            txn.set_unchecked(row.clone(), Bytes::from_static(col::RANK), text);
+        }
+        if state.out.is_some() && state.out != *out {
+            let raw = serde_json::to_vec(&state.out).expect("serializes");
+            txn.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
+        }
+    }
+    Ok(outbox)
+}
+
+/// Reads `rank:rank` of the pages of `due` not read yet.
+async fn load_ranks(
+    txn: &Transaction,
+    due: &BTreeSet<String>,
+    states: &mut BTreeMap<String, State>,
+) -> Result<(), IndexError> {
+    let new: Vec<&String> = due.iter().filter(|u| !states.contains_key(*u)).collect();
+    let keys: Vec<(Bytes, Bytes)> =
+        new.iter().map(|u| (model::page(u), Bytes::from_static(col::RANK))).collect();
+    for (url, cell) in new.into_iter().zip(txn.get_many(&keys).await?) {
+        let ((x, a), _) = stored(url, &cell, &None)?;
+        states.insert(url.clone(), State { x, a, out: None, before: (x, a, None) });
+    }
+    Ok(())
+}
+
+/// Reads `rank:out` of the pages of `urls` not read yet.
+async fn load_outs(
+    txn: &Transaction,
+    urls: &[&String],
+    states: &mut BTreeMap<String, State>,
+) -> Result<(), IndexError> {
+    let new: Vec<&String> =
+        urls.iter().copied().filter(|u| states.get(*u).is_some_and(|s| s.out.is_none())).collect();
+    let keys: Vec<(Bytes, Bytes)> =
+        new.iter().map(|u| (model::page(u), Bytes::from_static(col::RANK_OUT))).collect();
+    for (url, cell) in new.into_iter().zip(txn.get_many(&keys).await?) {
+        let (_, out) = stored(url, &None, &cell)?;
+        let state = states.get_mut(url).expect("read");
+        state.out = Some(out.clone());
+        state.before.2 = Some(out);
+    }
+    Ok(())
+}
+
+/// For each URL of `urls`, whether it is a page and its out-set: the pages its links count
+/// for ([`model::pages_counted_for`]), itself left out; none for a URL that is no page.
+async fn out_sets(
+    txn: &Transaction,
+    urls: &BTreeSet<String>,
+) -> Result<BTreeMap<String, (bool, Vec<String>)>, IndexError> {
+    if urls.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let keys: Vec<(Bytes, Bytes)> = urls
+        .iter()
+        .flat_map(|u| {
+            let row = model::page(u);
+            [col::META, col::LINKS].map(|c| (row.clone(), Bytes::from_static(c)))
+        })
+        .collect();
+    let cells = txn.get_many(&keys).await?;
+    let mut pages: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (url, cells) in urls.iter().zip(cells.chunks(2)) {
+        let meta: Option<Meta> =
+            cells[0]
+                .as_ref()
+                .map(|m| serde_json::from_slice(m))
+                .transpose()
+                .map_err(|e| IndexError::corrupt(format!("page:meta of {url}"), e))?;
+        if !meta.is_some_and(|m| m.kind == PageKind::Page) {
+            continue;
+        }
+        let linked: Vec<(String, String)> = match &cells[1] {
+            Some(raw) => serde_json::from_slice(raw)
+                .map_err(|e| IndexError::corrupt(format!("page:links of {url}"), e))?,
+            None => Vec::new(),
+        };
+        pages.insert(url, linked.into_iter().map(|(t, _)| t).collect());
+    }
+    let wanted: BTreeSet<&str> = pages.values().flatten().map(String::as_str).collect();
+    let counted = model::pages_counted_for(txn, wanted).await?;
+    Ok(urls
+        .iter()
+        .map(|url| {
+            let set = pages.get(url.as_str()).map(|linked| {
+                let set: BTreeSet<&String> = linked
+                    .iter()
+                    .filter_map(|t| counted.get(t.as_str()).and_then(Option::as_ref))
+                    .filter(|t| *t != url)
+                    .collect();
+                set.into_iter().cloned().collect::<Vec<_>>()
+            });
+            (url.clone(), (set.is_some(), set.unwrap_or_default()))
+        })
+        .collect())
+}
+
+/// Writes a push row for each target of `outbox` with a change, and tells its bucket.
+fn write_pushes(txn: &mut Transaction, outbox: BTreeMap<String, f64>) {
+    let ts = txn.start_ts().0;
+    let mut told = BTreeSet::new();
+    for (target, change) in outbox {
+        if change != 0.0 {
+            told.insert(model::rank_bucket(&target));
+            txn.set_unchecked(
+                model::push(&target, ts),
+                Bytes::from_static(col::PUSH),
+                Bytes::from(change.to_string()),
+            );
+        }
+    }
+    for b in told {
+        txn.notify(model::rank_head(b), Bytes::from_static(col::RANK_DIRTY));
+    }
+}
+
+/// What a run took from its bucket's rows: the pushes summed by target, and the targets to
+/// resolve again.
+struct Taken {
+    pushes: BTreeMap<String, f64>,
+    resolve: BTreeSet<String>,
+    /// URLs that became or stopped being pages: their sources are resolved again too.
+    sources_of: BTreeSet<String>,
+    mark: u64,
+    folded: bool,
+    more: bool,
+}
+
+/// Takes the pushes and the resolve words committed at or after `mark` (older ones a crash
+/// left after the run that took them), as indegree takes its change rows: a run that read
+/// them all moves the mark to its start and deletes them at its commit without a lock; one
+/// that may have left some keeps the mark and deletes what it took in its transaction.
+fn take_pushes(
+    txn: &mut Transaction,
+    pushes: Vec<Found>,
+    resolves: Vec<Found>,
+    mark: u64,
+) -> Result<Taken, IndexError> {
+    let more = pushes.len() >= FOLD_MAX || resolves.len() >= FOLD_MAX;
+    let folded = !pushes.is_empty() || !resolves.is_empty();
+    let mut taken = Taken {
+        pushes: BTreeMap::new(),
+        resolve: BTreeSet::new(),
+        sources_of: BTreeSet::new(),
+        mark: if more { mark } else { txn.start_ts().0 },
+        folded,
+        more,
+    };
+    for (rows, column) in [(pushes, col::PUSH), (resolves, col::RESOLVE)] {
+        for found in rows {
+            let taken_before = found.commit_ts.0 < mark;
+            if !taken_before {
+                let target = model::push_target(&found.row).ok_or_else(|| {
+                    IndexError::corrupt("a push row's key", found.row.escape_ascii())
+                })?;
+                if column == col::RESOLVE {
+                    taken.resolve.insert(target.to_string());
+                    if found.value.as_ref() == b"s" {
+                        taken.sources_of.insert(target.to_string());
+                    }
+                } else {
+                    let change = number(&found.value, "rank:push", target)?;
+                    *taken.pushes.entry(target.to_string()).or_default() += change;
+                }
+            }
+            if taken_before || !more {
+                txn.delete_at_commit(found.row, column);
+            } else {
+                txn.delete_unchecked(found.row, Bytes::from_static(column));
+            }
+        }
+    }
+    Ok(taken)
+}
+
+/// Defers (or resumes) the rank runs of the whole store: a bulk load's pages are ranked
+/// once, at its end, by [`settle`], instead of by ~35 rounds of pushes from nothing.
+pub async fn defer(client: &perc_txn::Client, on: bool) -> Result<(), perc_txn::TxnError> {
+    client
+        .retrying(|c| async move {
+            let mut t = c.begin().await?;
+            let (row, column) =
+                (Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::RANK_DEFERRED));
+            if on {
+                t.set(row, column, Bytes::from_static(b"1"));
+            } else {
+                t.delete(row, column);
+            }
+            t.commit().await
+        })
+        .await
+        .map(drop)
+}
+
+/// Whether the rank runs are deferred ([`defer`]): a bulk load not settled yet.
+pub async fn deferred(client: &perc_txn::Client) -> Result<bool, perc_txn::TxnError> {
+    let t = client.begin().await?;
+    Ok(t.get(model::CONFIG_ROW, col::RANK_DEFERRED).await?.is_some())
+}
+
+/// Sets every page's rank from a power iteration over the graph at one snapshot, pushing
+/// the weights as a run would (so that what each page got stays the sum of what was pushed
+/// to it), then resumes the runs: every bucket runs once more, folds the pushes and finds
+/// each residual within ε (or absorbs what changed since the snapshot). Returns the pages
+/// set.
+pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
+    let mut pages: Vec<String> = Vec::new();
+    crate::query::export_each(client, |l| {
+        pages.push(l.url);
+        Ok::<_, IndexError>(())
+    })
+    .await?;
+    let index: BTreeMap<&str, usize> =
+        pages.iter().enumerate().map(|(i, u)| (u.as_str(), i)).collect();
+    let mut out: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); pages.len()];
+    crate::query::links_each(client, |l| {
+        if let (Some(&from), Some(to)) =
+            (index.get(l.from.as_str()), l.target.as_deref().and_then(|t| index.get(t)))
+        {
+            if from != *to {
+                out[from].insert(*to);
+            }
+        }
+        Ok::<_, IndexError>(())
+    })
+    .await?;
+    let mut x = vec![1.0f64; pages.len()];
+    for _ in 0..500 {
+        let mut next = vec![TELEPORT; pages.len()];
+        for (q, targets) in out.iter().enumerate() {
+            if !targets.is_empty() {
+                let w = DAMPING * x[q] / targets.len() as f64;
+                for &t in targets {
+                    next[t] += w;
+                }
+            }
+        }
+        let moved = x.iter().zip(&next).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        x = next;
+        if moved < 1e-12 {
+            break;
+        }
+    }
+    let order: Vec<usize> = (0..pages.len()).collect();
+    for chunk in order.chunks(SETTLE_CHUNK) {
+        client
+            .retrying(|c| {
+                let (pages, out, x) = (&pages, &out, &x);
+                async move {
+                    let mut t = c.begin().await?;
+                    let keys: Vec<(Bytes, Bytes)> = chunk
+                        .iter()
+                        .flat_map(|&q| {
+                            let row = model::page(&pages[q]);
+                            [col::RANK, col::RANK_OUT].map(|c| (row.clone(), Bytes::from_static(c)))
+                        })
+                        .collect();
+                    let cells = t.get_many(&keys).await?;
+                    let mut outbox: BTreeMap<String, f64> = BTreeMap::new();
+                    let mut buckets = BTreeSet::new();
+                    for (&q, cells) in chunk.iter().zip(cells.chunks(2)) {
+                        let url = &pages[q];
+                        let row = model::page(url);
+                        let before = match stored(url, &cells[0], &cells[1]) {
+                            Ok(before) => before,
+                            Err(e) => return Ok(Err(e)),
+                        };
+                        let ((x_before, a), before_out) = before;
+                        let targets: Vec<String> =
+                            out[q].iter().map(|&t| pages[t].clone()).collect();
+                        let now = Out { targets };
+                        if now == before_out && (x[q] - x_before).abs() <= SETTLED * x[q] {
+                            // Settled already (a load that changed little): left as it is.
+                            continue;
+                        }
+                        for (target, change) in changes((x_before, &before_out), (x[q], &now)) {
+                            *outbox.entry(target).or_default() += change;
+                        }
+                        let raw = serde_json::to_vec(&now).expect("serializes");
+                        t.set_unchecked(row.clone(), Bytes::from_static(col::RANK_OUT), raw);
+                        let text = model::rank_text(x[q], a);
+                        t.set_unchecked(row, Bytes::from_static(col::RANK), text);
+                        buckets.insert(model::rank_bucket(url));
+                    }
+                    // The cells are written unchecked, as a run writes them: the bucket's
+                    // mark, rewritten as it is, is where a run beside this one conflicts.
+                    for b in buckets {
+                        let head = model::rank_head(b);
+                        let mark = t.get(&head, col::RANK_FOLDED).await?;
+                        let mark = mark.unwrap_or_else(|| Bytes::from_static(b"0"));
+                        t.set(head, Bytes::from_static(col::RANK_FOLDED), mark);
+                    }
+                    write_pushes(&mut t, outbox);
+                    t.commit().await.map(Ok)
+                }
+            })
+            .await??;
+    }
+    // Resumed, every bucket runs: it folds the pushes and finds each residual within ε (or
+    // absorbs what changed since the snapshot).
+    client
+        .retrying(|c| async move {
+            let mut t = c.begin().await?;
+            t.delete(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::RANK_DEFERRED));
+            for b in 0..model::RANK_BUCKETS {
+                t.notify(model::rank_head(b), Bytes::from_static(col::RANK_DIRTY));
+            }
+            t.commit().await
+        })
+        .await?;
+    Ok(pages.len())
+}
+
+/// The change of what each target gets between a source of rank and out-set `before` and
+/// the same source `now`, for each target whose weight differs.
+fn changes(before: (f64, &Out), now: (f64, &Out)) -> Vec<(String, f64)> {
+    let (w_before, w_now) = (weight(before.0, before.1), weight(now.0, now.1));
+    let old: BTreeSet<&String> = before.1.targets.iter().collect();
+    let new: BTreeSet<&String> = now.1.targets.iter().collect();
+    old.union(&new)
+        .filter_map(|t| {
+            let change = if new.contains(t) { w_now } else { 0.0 }
+                - if old.contains(t) { w_before } else { 0.0 };
+            (change != 0.0).then(|| ((*t).clone(), change))
+        })
+        .collect()
+}
+
+pub struct Rank;
+
+#[async_trait]
+impl Observer for Rank {
+    async fn observe(
+        &self,
+        txn: &mut Transaction,
+        row: &Bytes,
+        _column: &Bytes,
+    ) -> Result<(), ObserverError> {
+        run(txn, row).await
+    }
+}
