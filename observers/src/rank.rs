@@ -259,7 +259,7 @@ async fn absorb(
         resolve.clear();
     }
     for (url, state) in states {
-        let row = model::page(&url);
+        let row = model::rank_row(&url);
         let (x, a, out) = &state.before;
         // Unchecked: every transaction that writes a page's rank cells writes its bucket's
         // mark, checked (a run, or settle's hold of it), and conflicts there.
@@ -283,7 +283,7 @@ async fn load_ranks(
 ) -> Result<(), IndexError> {
     let new: Vec<&String> = due.iter().filter(|u| !states.contains_key(*u)).collect();
     let keys: Vec<(Bytes, Bytes)> =
-        new.iter().map(|u| (model::page(u), Bytes::from_static(col::RANK))).collect();
+        new.iter().map(|u| (model::rank_row(u), Bytes::from_static(col::RANK))).collect();
     for (url, cell) in new.into_iter().zip(txn.get_many(&keys).await?) {
         let ((x, a), _) = stored(url, &cell, &None)?;
         states.insert(url.clone(), State { x, a, out: None, before: (x, a, None) });
@@ -300,7 +300,7 @@ async fn load_outs(
     let new: Vec<&String> =
         urls.iter().copied().filter(|u| states.get(*u).is_some_and(|s| s.out.is_none())).collect();
     let keys: Vec<(Bytes, Bytes)> =
-        new.iter().map(|u| (model::page(u), Bytes::from_static(col::RANK_OUT))).collect();
+        new.iter().map(|u| (model::rank_row(u), Bytes::from_static(col::RANK_OUT))).collect();
     for (url, cell) in new.into_iter().zip(txn.get_many(&keys).await?) {
         let (_, out) = stored(url, &None, &cell)?;
         let state = states.get_mut(url).expect("read");
@@ -466,12 +466,16 @@ pub async fn deferred(client: &perc_txn::Client) -> Result<bool, perc_txn::TxnEr
     Ok(t.get(model::CONFIG_ROW, col::RANK_DEFERRED).await?.is_some())
 }
 
-/// Sets every page's rank from a power iteration over the graph at one snapshot, pushing
-/// the weights as a run would (so that what each page got stays the sum of what was pushed
-/// to it), then resumes the runs: every bucket runs once more, folds the pushes and finds
-/// each residual within ε (or absorbs what changed since the snapshot). Returns the pages
-/// set.
+/// Sets every page's rank from a power iteration over the graph at one snapshot, and what
+/// its sources push it (A) as the sum of their weights then, and resumes the runs. Push
+/// rows committed before the graph was read are taken with it (the bucket's mark moves past
+/// them: A holds their effect); the words to resolve an out-set written since are folded by
+/// the next run, which finds every residual within ε (or absorbs what changed since). A URL
+/// with rank cells that is no page of the snapshot has no rank and pushes nothing. Returns
+/// the pages set.
 pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
+    // Every row committed before this is in the graph read below.
+    let mark = client.begin().await?.start_ts().0;
     let mut pages: Vec<String> = Vec::new();
     crate::query::export_each(client, |l| {
         pages.push(l.url);
@@ -492,9 +496,60 @@ pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
         Ok::<_, IndexError>(())
     })
     .await?;
-    let mut x = vec![1.0f64; pages.len()];
-    for _ in 0..500 {
-        let mut next = vec![TELEPORT; pages.len()];
+    let x = power_iteration(&out);
+    let mut a = vec![0.0f64; pages.len()];
+    for (q, targets) in out.iter().enumerate() {
+        for &t in targets {
+            a[t] += DAMPING * x[q] / targets.len() as f64;
+        }
+    }
+    // The ranks to write: every page's, and none for a URL ranked before that is no page now.
+    let mut rows: Vec<(String, f64, f64, Out)> = pages
+        .iter()
+        .enumerate()
+        .map(|(q, url)| {
+            let targets = out[q].iter().map(|&t| pages[t].clone()).collect();
+            (url.clone(), x[q], a[q], Out { targets })
+        })
+        .collect();
+    let ranked =
+        client.begin().await?.scan(rows::RANKS.start(), rows::RANKS.end(), col::RANK).await?;
+    for (row, _) in ranked {
+        if let Some(url) = rows::RANKS.key_of(&row).filter(|u| !index.contains_key(u)) {
+            rows.push((url.to_string(), 0.0, 0.0, Out::default()));
+        }
+    }
+    for chunk in rows.chunks(SETTLE_CHUNK) {
+        client.retrying(|c| async move { write_settled(&c, chunk).await }).await??;
+    }
+    // Resumed: the buckets' marks moved past the pushes the ranks hold, and every bucket runs.
+    client
+        .retrying(|c| async move {
+            let mut t = c.begin().await?;
+            t.delete(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::RANK_DEFERRED));
+            for b in 0..model::RANK_BUCKETS {
+                let head = model::rank_head(b);
+                let before = t.get(&head, col::RANK_FOLDED).await?;
+                let before = before.and_then(|m| std::str::from_utf8(&m).ok()?.parse::<u64>().ok());
+                let moved = before.unwrap_or(0).max(mark);
+                t.set(
+                    head.clone(),
+                    Bytes::from_static(col::RANK_FOLDED),
+                    Bytes::from(moved.to_string()),
+                );
+                t.notify(head, Bytes::from_static(col::RANK_DIRTY));
+            }
+            t.commit().await
+        })
+        .await?;
+    Ok(pages.len())
+}
+
+/// PageRank by power iteration over `out` (each page's targets), to a change below 1e-12.
+fn power_iteration(out: &[BTreeSet<usize>]) -> Vec<f64> {
+    let mut x = vec![1.0f64; out.len()];
+    for _ in 0..1000 {
+        let mut next = vec![TELEPORT; out.len()];
         for (q, targets) in out.iter().enumerate() {
             if !targets.is_empty() {
                 let w = DAMPING * x[q] / targets.len() as f64;
@@ -509,74 +564,53 @@ pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
             break;
         }
     }
-    let order: Vec<usize> = (0..pages.len()).collect();
-    for chunk in order.chunks(SETTLE_CHUNK) {
-        client
-            .retrying(|c| {
-                let (pages, out, x) = (&pages, &out, &x);
-                async move {
-                    let mut t = c.begin().await?;
-                    let keys: Vec<(Bytes, Bytes)> = chunk
-                        .iter()
-                        .flat_map(|&q| {
-                            let row = model::page(&pages[q]);
-                            [col::RANK, col::RANK_OUT].map(|c| (row.clone(), Bytes::from_static(c)))
-                        })
-                        .collect();
-                    let cells = t.get_many(&keys).await?;
-                    let mut outbox: BTreeMap<String, f64> = BTreeMap::new();
-                    let mut buckets = BTreeSet::new();
-                    for (&q, cells) in chunk.iter().zip(cells.chunks(2)) {
-                        let url = &pages[q];
-                        let row = model::page(url);
-                        let before = match stored(url, &cells[0], &cells[1]) {
-                            Ok(before) => before,
-                            Err(e) => return Ok(Err(e)),
-                        };
-                        let ((x_before, a), before_out) = before;
-                        let targets: Vec<String> =
-                            out[q].iter().map(|&t| pages[t].clone()).collect();
-                        let now = Out { targets };
-                        if now == before_out && (x[q] - x_before).abs() <= SETTLED * x[q] {
-                            // Settled already (a load that changed little): left as it is.
-                            continue;
-                        }
-                        for (target, change) in changes((x_before, &before_out), (x[q], &now)) {
-                            *outbox.entry(target).or_default() += change;
-                        }
-                        let raw = serde_json::to_vec(&now).expect("serializes");
-                        t.set_unchecked(row.clone(), Bytes::from_static(col::RANK_OUT), raw);
-                        let text = model::rank_text(x[q], a);
-                        t.set_unchecked(row, Bytes::from_static(col::RANK), text);
-                        buckets.insert(model::rank_bucket(url));
-                    }
-                    // The cells are written unchecked, as a run writes them: the bucket's
-                    // mark, rewritten as it is, is where a run beside this one conflicts.
-                    for b in buckets {
-                        let head = model::rank_head(b);
-                        let mark = t.get(&head, col::RANK_FOLDED).await?;
-                        let mark = mark.unwrap_or_else(|| Bytes::from_static(b"0"));
-                        t.set(head, Bytes::from_static(col::RANK_FOLDED), mark);
-                    }
-                    write_pushes(&mut t, outbox);
-                    t.commit().await.map(Ok)
-                }
-            })
-            .await??;
-    }
-    // Resumed, every bucket runs: it folds the pushes and finds each residual within ε (or
-    // absorbs what changed since the snapshot).
-    client
-        .retrying(|c| async move {
-            let mut t = c.begin().await?;
-            t.delete(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::RANK_DEFERRED));
-            for b in 0..model::RANK_BUCKETS {
-                t.notify(model::rank_head(b), Bytes::from_static(col::RANK_DIRTY));
-            }
-            t.commit().await
+    x
+}
+
+/// Writes the settled rank cells of `chunk` (URL, x, A, out-set) that differ from the
+/// stored ones, in one transaction.
+async fn write_settled(
+    c: &perc_txn::Client,
+    chunk: &[(String, f64, f64, Out)],
+) -> Result<Result<(), IndexError>, perc_txn::TxnError> {
+    let mut t = c.begin().await?;
+    let keys: Vec<(Bytes, Bytes)> = chunk
+        .iter()
+        .flat_map(|(url, ..)| {
+            let row = model::rank_row(url);
+            [col::RANK, col::RANK_OUT].map(|c| (row.clone(), Bytes::from_static(c)))
         })
-        .await?;
-    Ok(pages.len())
+        .collect();
+    let cells = t.get_many(&keys).await?;
+    let mut buckets = BTreeSet::new();
+    for ((url, x, a, out), cells) in chunk.iter().zip(cells.chunks(2)) {
+        let ((x_before, a_before), out_before) = match stored(url, &cells[0], &cells[1]) {
+            Ok(before) => before,
+            Err(e) => return Ok(Err(e)),
+        };
+        let close = |v: f64, w: f64| (v - w).abs() <= SETTLED * v.abs().max(1.0);
+        if *out == out_before && close(*x, x_before) && close(*a, a_before) {
+            // Settled already (a load that changed little): left as it is.
+            continue;
+        }
+        let row = model::rank_row(url);
+        t.set_unchecked(row.clone(), Bytes::from_static(col::RANK), model::rank_text(*x, *a));
+        let raw = serde_json::to_vec(out).expect("serializes");
+        t.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
+        buckets.insert(model::rank_bucket(url));
+    }
+    // The cells are written unchecked, as a run writes them: the bucket's mark, rewritten as
+    // it is, is where a run beside this one conflicts.
+    for b in buckets {
+        let head = model::rank_head(b);
+        let mark = t.get(&head, col::RANK_FOLDED).await?;
+        t.set(
+            head,
+            Bytes::from_static(col::RANK_FOLDED),
+            mark.unwrap_or_else(|| Bytes::from_static(b"0")),
+        );
+    }
+    t.commit().await.map(|_| Ok(()))
 }
 
 /// The change of what each target gets between a source of rank and out-set `before` and

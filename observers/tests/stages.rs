@@ -418,7 +418,7 @@ fn rank_resolves_out_sets_and_ranks_a_bucket_in_one_run() {
         // PR = 1 for both (each the other's only source): within ε / 0.15 of it.
         let t = c.begin().await.unwrap();
         for url in [A, B] {
-            let raw = t.get(&model::page(url), col::RANK).await.unwrap().unwrap();
+            let raw = t.get(&model::rank_row(url), col::RANK).await.unwrap().unwrap();
             let (x, a) = model::rank_of(&raw).unwrap();
             assert!((x - 1.0).abs() <= perc_observers::rank::EPSILON / 0.15, "{url}: {x}");
             assert!((0.15 + a - x).abs() <= perc_observers::rank::EPSILON, "{url}: {x} {a}");

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
 use super::records::{ExportLine, Inlink, Meta, PageKind, NEAR_LISTED_MAX};
-use super::schema::{child_key, children, cluster_head, col, page, rows, BlockEntry};
+use super::schema::{child_key, children, cluster_head, col, page, rank_row, rows, BlockEntry};
 use crate::IndexError;
 
 /// A counter cell's value (a decimal integer; absent: 0).
@@ -90,7 +90,7 @@ pub fn join_keys(line: &ExportLine) -> [(Bytes, Bytes); 3] {
     [
         (page(&line.url), Bytes::from_static(col::FWD_NAMES)),
         near,
-        (page(&line.url), Bytes::from_static(col::RANK)),
+        (rank_row(&line.url), Bytes::from_static(col::RANK)),
     ]
 }
 

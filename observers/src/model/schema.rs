@@ -37,10 +37,6 @@
 //!                          indeg:folded every change row (d:) of the    indegree
 //!                                       URL committed before this
 //!                                       timestamp is folded
-//!                          rank:rank    "<x> <a>": the page's PageRank  rank
-//!                                       and the pushes folded into it
-//!                          rank:out     {page, targets}: what its       rank
-//!                                       pushes go to
 //!   e:<target>\0<source>   edge:anchor                                  invert
 //!   d:<target>\0<source>\0<ts>                                          invert, indegree
 //!                          indeg:delta  +1/-1: an edge not yet counted, (which folds them
@@ -48,6 +44,10 @@
 //!                                       again; one row per writing      at its commit);
 //!                                       transaction                     <ts>: the writer's
 //!                                                                       start_ts
+//!   k:<url>                rank:rank    "<x> <a>": the page's PageRank  rank
+//!                                       and the pushes folded into it
+//!                          rank:out     {targets}: what its pushes go   rank
+//!                                       to
 //!   g:<bucket>             rank:dirty   notify: the bucket's pushes     parse, indegree,
 //!                                                                       rank
 //!                          rank:folded  every push row of the bucket    rank
@@ -149,6 +149,7 @@ pub mod rows {
     pub static DUE: Prefix = kind(b'n');
     pub static QUEUE: Prefix = kind(b'q');
     pub static PUSHES: Prefix = kind(b'g');
+    pub static RANKS: Prefix = kind(b'k');
 }
 
 use rows::*;
@@ -241,6 +242,13 @@ pub fn delta(target: &str, source: &str, start_ts: u64) -> Bytes {
 pub fn delta_source(row: &[u8]) -> Option<&str> {
     let key = child_key(row)?;
     Some(key.split_once('\0').map_or(key, |(source, _)| source))
+}
+
+/// The row of a URL's rank cells: a row of its own, a few dozen bytes, since the page row
+/// (its body among its cells) is rewritten whole for any cell of it by the embedded store,
+/// and an update rewrites the ranks of thousands of pages.
+pub fn rank_row(url: &str) -> Bytes {
+    Bytes::from(format!("{}{url}", RANKS.prefix()))
 }
 
 /// The buckets of rank: a URL's pushes are rows of the bucket a byte of its blake3 picks,
