@@ -16,24 +16,28 @@
 //! thousands of sources is no conflict hot spot. The run then lets each page whose residual
 //! passes ε absorb it (x += ρ) and push on, in memory, round after round, folding the pushes
 //! to pages of its bucket in the same transaction (Gauss–Seidel) and writing those to other
-//! buckets as rows; past [`PAGES_MAX`] pages or [`READS_MAX`] rounds that read, what is left goes back
-//! to its bucket's rows.
+//! buckets as rows; past [`PAGES_MAX`] pages or [`READS_MAX`] rounds that read, what is
+//! left goes back to its bucket's rows. The cells live in a row of their own per page,
+//! `k:<url>`.
 //!
 //! - Trigger: `rank:dirty` of the bucket's head row `g:<bucket>` (weak), set with every
 //!   push row and every word to resolve a page's out-set again (`rank:resolve`): parse
-//!   writes one when a page's links or what it is change, and, when it becomes or stops
-//!   being a page, for each of its sources (the `e:` rows into it and the `x:` rows of
-//!   those that reach it through aliases); indegree, for the sources whose links to an alias
-//!   resolve elsewhere, or to a URL that became a page.
+//!   writes one when a page's links or what it is change, and, when a URL parsed before
+//!   becomes or stops being a page, one that has the run resolve its sources too (the `e:`
+//!   rows into it and the `x:` rows of those that reach it through aliases, enumerated in
+//!   the run, after that commit); indegree, for the sources whose links to an alias resolve
+//!   elsewhere, or to a URL that became a page.
 //! - Reads: the bucket's rows (at most [`FOLD_MAX`]; the rest by a run it asks for), the
 //!   rank cells of the pages they name and those its pushes reach, and for a page to resolve,
 //!   `page:meta`, `page:links` and what the links count for: a page, or the page an alias's
 //!   chain ends at (`indeg:alias_of`), as the in-degree counts them
 //!   ([`model::pages_counted_for`]). A URL that is not a page has no rank and pushes nothing.
-//! - Writes: the rank cells that changed, push rows to other buckets, its mark.
+//! - Writes: the rank cells that changed, push rows to other buckets, its mark; a search
+//!   queue row for a page whose rank left its band (a twentieth of ln(PR / 0.15)).
 //! - Takes its rows by a mark, as indegree takes its change rows (`rank:folded`).
 //! - Twice is harmless: a run with nothing to fold writes nothing.
-//! - A bulk load defers the runs (`m:config rank:deferred`) and [`settle`]s at its end.
+//! - A crawl or a replay defers the runs (`m:config rank:deferred`) and [`settle`]s at its
+//!   end.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -94,6 +98,17 @@ fn weight(x: f64, out: &Out) -> f64 {
         0 => 0.0,
         n => DAMPING * x / n as f64,
     }
+}
+
+/// The band of a rank the search index ranks by: ranks within one band are within ~5% of
+/// each other, and a page's search document is made again when its rank leaves its band
+/// (its text score is multiplied by 1 + ln(PR / 0.15): a move within a band changes that
+/// factor by 0.05 at most). A URL with no rank has a band of its own.
+fn band(x: f64) -> i64 {
+    if x <= 0.0 {
+        return i64::MIN;
+    }
+    ((x.max(TELEPORT) / TELEPORT).ln() / 0.05).floor() as i64
 }
 
 fn number(raw: &[u8], what: &str, url: &str) -> Result<f64, IndexError> {
@@ -266,6 +281,9 @@ async fn absorb(
         if (state.x, state.a) != (*x, *a) {
             let text = model::rank_text(state.x, state.a);
             txn.set_unchecked(row.clone(), Bytes::from_static(col::RANK), text);
+        }
+        if band(state.x) != band(*x) {
+            crate::search::queue(txn, &url);
         }
         if state.out.is_some() && state.out != *out {
             let raw = serde_json::to_vec(&state.out).expect("serializes");
@@ -441,19 +459,17 @@ fn take_pushes(
     Ok(taken)
 }
 
-/// Defers (or resumes) the rank runs of the whole store: a bulk load's pages are ranked
-/// once, at its end, by [`settle`], instead of by ~35 rounds of pushes from nothing.
-pub async fn defer(client: &perc_txn::Client, on: bool) -> Result<(), perc_txn::TxnError> {
+/// Defers the rank runs of the whole store until [`settle`]: a crawl's or a replay's pages
+/// are ranked once, at its end, instead of by ~35 rounds of pushes from nothing.
+pub async fn defer(client: &perc_txn::Client) -> Result<(), perc_txn::TxnError> {
     client
         .retrying(|c| async move {
             let mut t = c.begin().await?;
-            let (row, column) =
-                (Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::RANK_DEFERRED));
-            if on {
-                t.set(row, column, Bytes::from_static(b"1"));
-            } else {
-                t.delete(row, column);
-            }
+            t.set(
+                Bytes::from_static(model::CONFIG_ROW),
+                Bytes::from_static(col::RANK_DEFERRED),
+                Bytes::from_static(b"1"),
+            );
             t.commit().await
         })
         .await
@@ -595,6 +611,9 @@ async fn write_settled(
         }
         let row = model::rank_row(url);
         t.set_unchecked(row.clone(), Bytes::from_static(col::RANK), model::rank_text(*x, *a));
+        if band(*x) != band(x_before) {
+            crate::search::queue(&mut t, url);
+        }
         let raw = serde_json::to_vec(out).expect("serializes");
         t.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
         buckets.insert(model::rank_bucket(url));

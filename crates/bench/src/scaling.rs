@@ -187,7 +187,7 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
     let mut html_bytes = 0;
     // No search index drains the queue here: it is bounded as `perc replay` bounds it. The
     // ranks are settled at the end, as `perc replay` settles them.
-    perc_observers::rank::defer(&loader, true).await?;
+    perc_observers::rank::defer(&loader).await?;
     for (url, response) in web.responses() {
         html_bytes += response.body.len() as u64;
         batch.push(Recorded { url, response });

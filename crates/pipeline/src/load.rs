@@ -83,7 +83,7 @@ impl Pipeline {
         // tried, whichever process fetched it.
         let since = self.client.oracle().next().await?;
         // Its pages are ranked once, at the end (see `replay`).
-        perc_observers::rank::defer(&self.client, true).await?;
+        perc_observers::rank::defer(&self.client).await?;
         self.add_seeds(seeds, scope).await?;
         let run = self.run_until_quiet("crawl", stop).await?;
         Ok((run, perc_observers::report_since(&self.client, seeds, since.0).await?))
@@ -155,7 +155,7 @@ impl Pipeline {
         // The rank runs wait, and the ranks are settled at the end
         // (`perc_observers::rank::settle`, in `run_until_quiet`): ~35 rounds of pushes from
         // nothing cost more than the replay.
-        perc_observers::rank::defer(&self.client, true).await?;
+        perc_observers::rank::defer(&self.client).await?;
         for f in &files {
             let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Recorded>>(4);
             let (path, max) = (f.clone(), self.config.crawl.body_bytes_max);
