@@ -32,8 +32,7 @@
 //!   `page:meta`, `page:links` and what the links count for: a page, or the page an alias's
 //!   chain ends at (`indeg:alias_of`), as the in-degree counts them
 //!   ([`model::pages_counted_for`]). A URL that is not a page has no rank and pushes nothing.
-//! - Writes: the rank cells that changed, push rows to other buckets, its mark; a search
-//!   queue row for a page whose rank left its band (a twentieth of ln(PR / 0.15)).
+//! - Writes: the rank cells that changed, push rows to other buckets, its mark.
 //! - Takes its rows by a mark, as indegree takes its change rows (`rank:folded`).
 //! - Twice is harmless: a run with nothing to fold writes nothing.
 //! - A crawl or a replay defers the runs (`m:config rank:deferred`) and [`settle`]s at its
@@ -98,17 +97,6 @@ fn weight(x: f64, out: &Out) -> f64 {
         0 => 0.0,
         n => DAMPING * x / n as f64,
     }
-}
-
-/// The band of a rank the search index ranks by: ranks within one band are within ~5% of
-/// each other, and a page's search document is made again when its rank leaves its band
-/// (its text score is multiplied by 1 + ln(PR / 0.15): a move within a band changes that
-/// factor by 0.05 at most). A URL with no rank has a band of its own.
-fn band(x: f64) -> i64 {
-    if x <= 0.0 {
-        return i64::MIN;
-    }
-    ((x.max(TELEPORT) / TELEPORT).ln() / 0.05).floor() as i64
 }
 
 fn number(raw: &[u8], what: &str, url: &str) -> Result<f64, IndexError> {
@@ -281,9 +269,6 @@ async fn absorb(
         if (state.x, state.a) != (*x, *a) {
             let text = model::rank_text(state.x, state.a);
             txn.set_unchecked(row.clone(), Bytes::from_static(col::RANK), text);
-        }
-        if band(state.x) != band(*x) {
-            crate::search::queue(txn, &url);
         }
         if state.out.is_some() && state.out != *out {
             let raw = serde_json::to_vec(&state.out).expect("serializes");
@@ -611,9 +596,6 @@ async fn write_settled(
         }
         let row = model::rank_row(url);
         t.set_unchecked(row.clone(), Bytes::from_static(col::RANK), model::rank_text(*x, *a));
-        if band(*x) != band(x_before) {
-            crate::search::queue(&mut t, url);
-        }
         let raw = serde_json::to_vec(out).expect("serializes");
         t.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
         buckets.insert(model::rank_bucket(url));

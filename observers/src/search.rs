@@ -81,9 +81,6 @@ pub struct SearchDoc {
     /// Its main text's language, as its export line says.
     pub lang: Option<String>,
     pub in_degree: u64,
-    /// Its PageRank when the document was made: the indexer is told again when it moves by
-    /// a twentieth (see [`crate::rank`]).
-    pub pagerank: f64,
 }
 
 /// What the index must do for one URL.
@@ -175,7 +172,6 @@ async fn document(txn: &Transaction, line: ExportLine) -> Result<SearchDoc, Inde
         body,
         lang: line.lang,
         in_degree: line.in_degree,
-        pagerank: line.pagerank,
     })
 }
 

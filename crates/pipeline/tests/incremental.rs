@@ -285,18 +285,6 @@ async fn check_search(h: &Pipeline, mirror: &mut Mirror) -> Result<(), String> {
     })
     .await
     .unwrap();
-    // A document is made again when its page's rank leaves its band (a twentieth of
-    // ln(PR / 0.15)): the mirror's rank may be off by that much, and no more.
-    let mut seen = mirror.clone();
-    for (url, doc) in seen.iter_mut() {
-        if let Some(w) = want.get(url) {
-            let (a, b) = (doc.pagerank.max(0.15), w.pagerank.max(0.15));
-            if (a / b).ln().abs() <= 0.05 + 1e-9 {
-                doc.pagerank = w.pagerank;
-            }
-        }
-    }
-    let mirror = &seen;
     if *mirror != want {
         let differ: Vec<&String> =
             mirror.keys().chain(want.keys()).filter(|u| mirror.get(*u) != want.get(*u)).collect();

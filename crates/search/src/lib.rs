@@ -64,7 +64,6 @@ struct Fields {
     body: Field,
     lang: Field,
     in_degree: Field,
-    pagerank: Field,
 }
 
 /// What a query may hold (`search.query_bytes_max`, `search.query_nesting_max`). tantivy's
@@ -119,21 +118,11 @@ pub struct Hit {
     pub title: String,
     pub score: f32,
     pub in_degree: u64,
-    pub pagerank: f64,
     /// The language of its main text (ISO 639-3), `None` when undetermined.
     pub lang: Option<String>,
     /// Its main text around the words asked for (at most [`SNIPPET_CHARS`] characters; its
     /// beginning when they are only in the title or the anchors).
     pub snippet: String,
-}
-
-/// What a document's PageRank multiplies its text score by: 1 + ln(PR / 0.15), 1 for a
-/// page no page links to (0.15), ~3.3 for PR 1.5, ~8 for the most linked pages of a
-/// documentation site. The logarithm keeps the text first: a page ten times as important
-/// gains ln 10 ≈ 2.3 on the factor, which orders pages that match alike, and does not put a
-/// page that barely matches above one that is about the words.
-pub fn importance(pagerank: f64) -> f32 {
-    (1.0 + (pagerank.max(0.15) / 0.15).ln()) as f32
 }
 
 /// The most characters of a hit's snippet.
@@ -182,7 +171,6 @@ fn schema() -> (Schema, Fields) {
         body: b.add_text_field("body", words() | STORED),
         lang: b.add_text_field("lang", STRING | STORED),
         in_degree: b.add_u64_field("in_degree", INDEXED | FAST | STORED),
-        pagerank: b.add_f64_field("pagerank", FAST | STORED),
     };
     (b.build(), fields)
 }
@@ -265,7 +253,6 @@ impl SearchIndex {
             doc.add_text(f.lang, lang);
         }
         doc.add_u64(f.in_degree, d.in_degree);
-        doc.add_f64(f.pagerank, d.pagerank);
         doc
     }
 
@@ -403,12 +390,12 @@ impl SearchIndex {
         };
         let searcher = self.reader.searcher();
         let ranked = TopDocs::with_limit(limit.max(1)).tweak_score(|segment: &SegmentReader| {
-            let rank = segment
+            let degree = segment
                 .fast_fields()
-                .f64("pagerank")
-                .expect("the schema has pagerank as a fast field")
-                .first_or_default_col(0.0);
-            move |doc: DocId, score: Score| score * importance(rank.get_val(doc))
+                .u64("in_degree")
+                .expect("the schema has in_degree as a fast field")
+                .first_or_default_col(0);
+            move |doc: DocId, score: Score| score * (1.0 + (1.0 + degree.get_val(doc) as f32).ln())
         });
         let answer = |e: tantivy::TantivyError| match e {
             tantivy::TantivyError::SchemaError(why)
@@ -436,7 +423,6 @@ impl SearchIndex {
                 title: text(f.title).to_string(),
                 score,
                 in_degree: doc.get_first(f.in_degree).and_then(|v| v.as_u64()).unwrap_or(0),
-                pagerank: doc.get_first(f.pagerank).and_then(|v| v.as_f64()).unwrap_or(0.0),
                 lang: Some(text(f.lang).to_string()).filter(|l| !l.is_empty()),
                 snippet,
             });
@@ -507,13 +493,11 @@ mod tests {
             body: body.into(),
             lang: None,
             in_degree,
-            // A rank that grows with the in-degree: 1 + ln(1 + in-degree) as importance.
-            pagerank: 0.15 * (1.0 + in_degree as f64),
         })
     }
 
     #[test]
-    fn ranks_by_text_and_pagerank_and_applies_idempotently() {
+    fn ranks_by_text_and_in_degree_and_applies_idempotently() {
         let dir = tempfile::tempdir().unwrap();
         let index = SearchIndex::open(Some(dir.path())).unwrap();
         assert!(!index.is_built(0).unwrap());
