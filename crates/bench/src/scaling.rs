@@ -99,6 +99,9 @@ pub(crate) struct Figures {
     /// The peak resident set by the rewrite's end (`rss_kb` is the peak before it).
     #[serde(default)]
     compact_rss_kb: u64,
+    /// The updates measured first (p50, p99).
+    #[serde(default)]
+    pub(crate) updates: usize,
     pub(crate) p50_ms: f64,
     p99_ms: f64,
     /// Per update, on average: store calls, and by observer (name, runs, conflicted runs,
@@ -159,7 +162,8 @@ pub(crate) struct Options {
     /// Where to write the export's lines of a sample of the pages at the end, for
     /// [`crate::check`] to compare with the reference.
     pub(crate) sample: Option<std::path::PathBuf>,
-    /// The first series' updates, if not [`UPDATES`] (a test's shorter run).
+    /// The first series' updates, if not [`UPDATES`] (a test's shorter run, or
+    /// `scaling --updates`).
     pub(crate) updates: Option<usize>,
 }
 
@@ -243,6 +247,7 @@ pub(crate) async fn measure(pages: usize, options: Options) -> Result<Figures> {
         html_bytes,
         compacted_bytes: 0,
         compact_s: 0.0,
+        updates: measured.latencies_ms.len(),
         p50_ms: measured.percentile(0.5),
         p99_ms: measured.percentile(0.99),
         update_calls: measured.calls,
@@ -460,10 +465,11 @@ fn add_sizes(t: &mut Table, all: &[Figures]) {
             format!("update latency, {} pages", f.pages),
             format!("p50 {:.1} ms", f.p50_ms),
             format!(
-                "p99 {:.1} ms over {UPDATES} updates (content and links of one page); per update \
+                "p99 {:.1} ms over {} updates (content and links of one page); per update \
                  {:.0} store calls ({:.0} reads of the notify family), observer runs (of which \
                  conflicted): {}",
                 f.p99_ms,
+                f.updates,
                 f.update_calls,
                 f.update_notify_scans,
                 f.update_runs
