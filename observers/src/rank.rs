@@ -130,7 +130,7 @@ fn stored(
 
 /// A page's rank cells as a run found them, and as it leaves them; its out-set is read
 /// only when it moves.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug)]
 struct State {
     x: f64,
     a: f64,
@@ -151,14 +151,8 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         // A bulk load: the ranks are settled at its end ([`settle`]), which tells every bucket.
         return Ok(());
     }
-    let mark = match mark {
-        None => 0,
-        Some(v) => {
-            std::str::from_utf8(&v).ok().and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| {
-                IndexError::corrupt(format!("rank:folded of bucket {bucket}"), v.escape_ascii())
-            })?
-        }
-    };
+    let mark =
+        u64::try_from(model::count_of(mark)?).map_err(|e| IndexError::corrupt("rank:folded", e))?;
     let (start, end) = model::children(&rows::PUSHES, &format!("{bucket:02x}"));
     let mut found = txn
         .scan_each_found(&[
