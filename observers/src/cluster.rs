@@ -180,10 +180,14 @@ async fn choose(
                 (model::page(m), Bytes::from_static(col::ALONE)),
             ]
         })
-        .chain([(row.clone(), Bytes::from_static(col::NEAR_REGISTERED))])
+        .chain([
+            (row.clone(), Bytes::from_static(col::NEAR_REGISTERED)),
+            (Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::CANONICAL_BY)),
+        ])
         .collect();
     let got = txn.get_many(&keys).await?;
-    let registered = got.last().expect("the head's cell").as_ref();
+    let registered = got[got.len() - 2].as_ref();
+    let by = CanonicalBy::stored(got.last().expect("the rule's cell").as_ref())?;
     let cell = |i: usize, k: usize| got[CELLS * i + k].as_ref();
     let indeg = |i: usize| -> u64 {
         cell(i, 0).and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0)
@@ -193,8 +197,15 @@ async fn choose(
     let votes = votes(&members, &names, &declared)?;
     let marks: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 5)).collect();
     mark_alone(txn, &members, &marks, hash);
+    // The importance each member is ranked by after its votes: its in-degree, or the bits
+    // of its PageRank (a rank is finite and not negative, and such floats order as their
+    // bits do).
+    let importance: Vec<u64> = match by {
+        CanonicalBy::InDegree => (0..members.len()).map(indeg).collect(),
+        CanonicalBy::PageRank => ranked(txn, hash, &members).await?,
+    };
     let best = (0..members.len())
-        .min_by_key(|&i| (Reverse((votes[i], indeg(i))), members[i].len(), members[i].clone()))
+        .min_by_key(|&i| (Reverse((votes[i], importance[i])), members[i].len(), members[i].clone()))
         .expect("members is not empty");
     let canonical = members[best].clone();
     model::set_if_changed(txn, row, col::CLUSTER_CANONICAL, Bytes::from(canonical.clone())).await?;
@@ -285,6 +296,135 @@ async fn publish(
         None => txn.delete(head.clone(), Bytes::from_static(col::NEAR_REGISTERED)),
     }
     Ok(())
+}
+
+/// What a cluster's canonical is, after the votes (spec §6.4, `index.canonical_by`): the
+/// member with the highest in-degree (exact, whatever order the updates came in), or with
+/// the highest PageRank (the paper's choice; two members whose ranks are within the rank's
+/// bound of each other may be chosen either way). A store keeps the rule it was built with
+/// (`cluster:by` of `m:config`, see [`keep_rule`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CanonicalBy {
+    #[default]
+    InDegree,
+    PageRank,
+}
+
+impl CanonicalBy {
+    /// The rule `cluster:by` holds: absent is by in-degree.
+    fn stored(cell: Option<&Bytes>) -> Result<CanonicalBy, IndexError> {
+        match cell.map(|c| &c[..]) {
+            None => Ok(CanonicalBy::InDegree),
+            Some(b"pagerank") => Ok(CanonicalBy::PageRank),
+            Some(other) => Err(IndexError::corrupt("cluster:by of m:config", other.escape_ascii())),
+        }
+    }
+
+    /// Its name, as `index.canonical_by` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CanonicalBy::InDegree => "indegree",
+            CanonicalBy::PageRank => "pagerank",
+        }
+    }
+}
+
+/// Records the rule of a store that has chosen no canonical yet, and checks the rule of one
+/// that has: a store keeps the rule its canonical URLs were chosen by, and a configuration
+/// asking for the other one is an error that names both ([`IndexError::Rule`]).
+pub async fn keep_rule(client: &perc_txn::Client, by: CanonicalBy) -> Result<(), IndexError> {
+    let outcome = client
+        .retrying(|c| async move {
+            let mut t = c.begin().await?;
+            let cell = t.get(model::CONFIG_ROW, col::CANONICAL_BY).await?;
+            let stored = match CanonicalBy::stored(cell.as_ref()) {
+                Ok(stored) => stored,
+                Err(e) => return Ok(Err(e)),
+            };
+            if stored == by {
+                return Ok(Ok(()));
+            }
+            let chosen = t
+                .scan_first(rows::CLUSTERS.start(), rows::CLUSTERS.end(), col::CLUSTER_CANONICAL, 1)
+                .await?;
+            if !chosen.is_empty() {
+                return Ok(Err(IndexError::Rule { stored: stored.name(), asked: by.name() }));
+            }
+            let row = Bytes::from_static(model::CONFIG_ROW);
+            match by {
+                CanonicalBy::PageRank => t.set(
+                    row,
+                    Bytes::from_static(col::CANONICAL_BY),
+                    Bytes::from_static(b"pagerank"),
+                ),
+                CanonicalBy::InDegree => t.delete(row, Bytes::from_static(col::CANONICAL_BY)),
+            }
+            t.commit().await.map(|_| Ok(()))
+        })
+        .await?;
+    outcome
+}
+
+/// The members' PageRanks (as the bits of the floats, 0 for a member not ranked yet), for a
+/// choice by PageRank; and keeps each member's `rank:cluster` true: the hash on every member
+/// of a cluster of more than one (a rank run that moves the member's rank tells the cluster),
+/// absent on the member of a cluster of one.
+///
+/// Why no move is missed: a rank run reads the mark when it reads the rank. A run that read
+/// no mark and moves the rank of a member this transaction marks overlaps it, or committed
+/// before it (this read its rank), or starts after it (it reads the mark). The overlapping
+/// one writes its bucket's `rank:folded`, checked, as every transaction that writes rank cells
+/// does, and so does this one when it writes a mark, rewriting the value it read: one of the
+/// two does not commit.
+async fn ranked(
+    txn: &mut Transaction,
+    hash: &str,
+    members: &[String],
+) -> Result<Vec<u64>, IndexError> {
+    let keys: Vec<(Bytes, Bytes)> = members
+        .iter()
+        .flat_map(|m| {
+            let row = model::rank_row(m);
+            [col::RANK, col::RANK_CLUSTER].map(|c| (row.clone(), Bytes::from_static(c)))
+        })
+        .collect();
+    let cells = txn.get_many(&keys).await?;
+    let want = (members.len() > 1).then_some(hash.as_bytes());
+    let mut buckets = std::collections::BTreeSet::new();
+    let mut ranks = Vec::new();
+    for (m, cells) in members.iter().zip(cells.chunks(2)) {
+        let x = match &cells[0] {
+            None => 0.0,
+            Some(raw) => {
+                model::rank_of(raw)
+                    .ok_or_else(|| {
+                        IndexError::corrupt(format!("rank:rank of {m}"), raw.escape_ascii())
+                    })?
+                    .0
+            }
+        };
+        ranks.push(x.max(0.0).to_bits());
+        let row = model::rank_row(m);
+        match (cells[1].as_deref(), want) {
+            (had, Some(want)) if had != Some(want) => {
+                txn.set(row, Bytes::from_static(col::RANK_CLUSTER), hash.to_string());
+                buckets.insert(model::rank_bucket(m));
+            }
+            (Some(_), None) => txn.delete(row, Bytes::from_static(col::RANK_CLUSTER)),
+            _ => {}
+        }
+    }
+    for b in buckets {
+        let head = model::rank_head(b);
+        let mark = txn.get(&head, col::RANK_FOLDED).await?;
+        txn.set(
+            head,
+            Bytes::from_static(col::RANK_FOLDED),
+            mark.unwrap_or_else(|| Bytes::from_static(b"0")),
+        );
+    }
+    Ok(ranks)
 }
 
 /// The cells read of each member, in this order: `indeg:indeg`, `page:canonical`,

@@ -117,6 +117,14 @@ pub enum IndexError {
          to {reads}"
     )]
     Layout { found: u64, reads: u64 },
+    /// A configured canonical rule that is not the one the store's canonical URLs were
+    /// chosen by.
+    #[error(
+        "index.canonical_by is {asked}, but this store's canonical URLs were chosen by \
+         {stored}: a store keeps the rule it was built with (build another store, in another \
+         store.data, for {asked})"
+    )]
+    Rule { stored: &'static str, asked: &'static str },
 }
 
 impl perc_txn::Retryable for IndexError {

@@ -28,11 +28,14 @@
 //!   the run, after that commit); indegree, for the sources whose links to an alias resolve
 //!   elsewhere, or to a URL that became a page.
 //! - Reads: the bucket's rows (at most [`FOLD_MAX`]; the rest by a run it asks for), the
-//!   rank cells of the pages they name and those its pushes reach, and for a page to resolve,
+//!   rank cells (and `rank:cluster`) of the pages they name and those its pushes reach, and for a page to resolve,
 //!   `page:meta`, `page:links` and what the links count for: a page, or the page an alias's
 //!   chain ends at (`indeg:alias_of`), as the in-degree counts them
 //!   ([`model::pages_counted_for`]). A URL that is not a page has no rank and pushes nothing.
-//! - Writes: the rank cells that changed, push rows to other buckets, its mark.
+//! - Writes: the rank cells that changed, push rows to other buckets, its mark; a search
+//!   queue row for a page whose rank left its band ([`search::band`]).
+//! - Notifies: the cluster of a page whose rank moved, when its `rank:cluster` names one (a
+//!   cluster of more than one member that chooses its canonical by PageRank).
 //! - Takes its rows by a mark, as indegree takes its change rows (`rank:folded`).
 //! - Twice is harmless: a run with nothing to fold writes nothing.
 //! - A crawl or a replay defers the runs (`m:config rank:deferred`) and [`settle`]s at its
@@ -47,6 +50,7 @@ use perc_txn::{Found, RangeScan, Transaction};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{self, col, rows, Meta, PageKind};
+use crate::search;
 use crate::IndexError;
 
 /// The residual a page absorbs past.
@@ -136,6 +140,8 @@ struct State {
     a: f64,
     out: Option<Out>,
     before: (f64, f64, Option<Out>),
+    /// Its `rank:cluster`: the cluster a move of its rank is told to.
+    cluster: Option<Bytes>,
 }
 
 /// The stage, as a run of rank on a bucket's head row `row`.
@@ -264,6 +270,10 @@ async fn absorb(
             let text = model::rank_text(state.x, state.a);
             txn.set_unchecked(row.clone(), Bytes::from_static(col::RANK), text);
         }
+        if search::band(state.x) != search::band(*x) {
+            search::queue(txn, &url);
+        }
+        tell_cluster(txn, &state.cluster, state.x != *x);
         if state.out.is_some() && state.out != *out {
             let raw = serde_json::to_vec(&state.out).expect("serializes");
             txn.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
@@ -272,20 +282,37 @@ async fn absorb(
     Ok(outbox)
 }
 
-/// Reads `rank:rank` of the pages of `due` not read yet.
+/// Reads `rank:rank` and `rank:cluster` of the pages of `due` not read yet.
 async fn load_ranks(
     txn: &Transaction,
     due: &BTreeSet<String>,
     states: &mut BTreeMap<String, State>,
 ) -> Result<(), IndexError> {
     let new: Vec<&String> = due.iter().filter(|u| !states.contains_key(*u)).collect();
-    let keys: Vec<(Bytes, Bytes)> =
-        new.iter().map(|u| (model::rank_row(u), Bytes::from_static(col::RANK))).collect();
-    for (url, cell) in new.into_iter().zip(txn.get_many(&keys).await?) {
-        let ((x, a), _) = stored(url, &cell, &None)?;
-        states.insert(url.clone(), State { x, a, out: None, before: (x, a, None) });
+    let keys: Vec<(Bytes, Bytes)> = new
+        .iter()
+        .flat_map(|u| {
+            let row = model::rank_row(u);
+            [col::RANK, col::RANK_CLUSTER].map(|c| (row.clone(), Bytes::from_static(c)))
+        })
+        .collect();
+    let cells = txn.get_many(&keys).await?;
+    for (url, cells) in new.into_iter().zip(cells.chunks(2)) {
+        let ((x, a), _) = stored(url, &cells[0], &None)?;
+        let cluster = cells[1].clone();
+        states.insert(url.clone(), State { x, a, out: None, before: (x, a, None), cluster });
     }
     Ok(())
+}
+
+/// Tells the cluster a page's `rank:cluster` names that its rank `moved` (a cluster that
+/// chooses by PageRank, see [`crate::cluster`]).
+fn tell_cluster(txn: &mut Transaction, cluster: &Option<Bytes>, moved: bool) {
+    if let Some(hash) =
+        cluster.as_deref().filter(|_| moved).and_then(|h| std::str::from_utf8(h).ok())
+    {
+        model::signals::tell_cluster(txn, hash);
+    }
 }
 
 /// Reads `rank:out` of the pages of `urls` not read yet.
@@ -573,12 +600,13 @@ async fn write_settled(
         .iter()
         .flat_map(|(url, ..)| {
             let row = model::rank_row(url);
-            [col::RANK, col::RANK_OUT].map(|c| (row.clone(), Bytes::from_static(c)))
+            [col::RANK, col::RANK_OUT, col::RANK_CLUSTER]
+                .map(|c| (row.clone(), Bytes::from_static(c)))
         })
         .collect();
     let cells = t.get_many(&keys).await?;
     let mut buckets = BTreeSet::new();
-    for ((url, x, a, out), cells) in chunk.iter().zip(cells.chunks(2)) {
+    for ((url, x, a, out), cells) in chunk.iter().zip(cells.chunks(3)) {
         let ((x_before, a_before), out_before) = match stored(url, &cells[0], &cells[1]) {
             Ok(before) => before,
             Err(e) => return Ok(Err(e)),
@@ -590,6 +618,10 @@ async fn write_settled(
         }
         let row = model::rank_row(url);
         t.set_unchecked(row.clone(), Bytes::from_static(col::RANK), model::rank_text(*x, *a));
+        if search::band(*x) != search::band(x_before) {
+            search::queue(&mut t, url);
+        }
+        tell_cluster(&mut t, &cells[2], !close(*x, x_before));
         let raw = serde_json::to_vec(out).expect("serializes");
         t.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
         buckets.insert(model::rank_bucket(url));

@@ -88,7 +88,7 @@ pub(crate) enum Command {
     /// Print a page's indexed record as JSON.
     Page { url: String },
     /// Search the index: the best pages for the words of QUERY, best first, one JSON object
-    /// a line (url, title, score, in_degree, lang, snippet); exit 1 if none matches. Brings
+    /// a line (url, title, score, in_degree, pagerank, lang, snippet); exit 1 if none matches. Brings
     /// the search index (DATA/search) up to date with the store first.
     Search {
         #[arg(required = true)]

@@ -67,6 +67,8 @@ pub struct Search {
 pub struct Index {
     /// The most inlink changes one in-degree run of a page folds (the rest: the next run).
     pub indegree_fold_max: u64,
+    /// What a cluster's canonical is chosen by after the votes: `indegree` or `pagerank`.
+    pub canonical_by: perc_observers::cluster::CanonicalBy,
 }
 
 /// When a fetched URL is fetched again by `perc serve` (docs/serve.md, "Recrawl").

@@ -182,6 +182,7 @@ impl Builder {
         }
         client.heartbeat().await?;
         upgrade(&client).await?;
+        perc_observers::cluster::keep_rule(&client, config.index.canonical_by).await?;
         // Many processes share a Bigtable table: they lease notifications in the store.
         let lease: Arc<dyn RowLease> = match config.store.backend {
             Backend::Sled | Backend::Memory => Arc::new(perc_notify::LocalLease::default()),

@@ -152,8 +152,14 @@ impl Reference {
 
     /// The export's lines, in URL order: of every page, or with `only`, of the pages among
     /// those URLs (the facts of a line still come from every page: its in-degree counts the
-    /// whole web's links; only the work is restricted to what those lines need).
+    /// whole web's links; only the work is restricted to what those lines need). Canonical
+    /// URLs by in-degree (`index.canonical_by = "indegree"`).
     pub fn lines(&self, only: Option<&BTreeSet<String>>) -> Vec<ExportLine> {
+        self.lines_by(only, &Choice::InDegree)
+    }
+
+    /// [`Reference::lines`], with canonical URLs chosen as `choice` says.
+    pub fn lines_by(&self, only: Option<&BTreeSet<String>>, choice: &Choice) -> Vec<ExportLine> {
         let mut clusters: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (u, p) in &self.pages {
             clusters.entry(p.hash.as_str()).or_default().push(u);
@@ -230,16 +236,37 @@ impl Reference {
                 *votes.entry(m).or_default() += 1;
             }
         }
-        let canonical_of = |hash: &str| -> &str {
-            clusters[hash]
-                .iter()
-                .min_by_key(|m| {
-                    let v = votes.get(*m).copied().unwrap_or(0);
-                    (std::cmp::Reverse((v, indeg(m))), m.len(), m.to_string())
-                })
-                .expect("a cluster has a member")
-        };
         let ranks = self.pageranks();
+        let rank = |u: &str| ranks.get(u).copied().unwrap_or(0.0);
+        let canonical_of = |hash: &str| -> &str {
+            let members = &clusters[hash];
+            let votes_of = |m: &str| votes.get(m).copied().unwrap_or(0);
+            match choice {
+                Choice::InDegree => members
+                    .iter()
+                    .min_by_key(|m| {
+                        (std::cmp::Reverse((votes_of(m), indeg(m))), m.len(), m.to_string())
+                    })
+                    .expect("a cluster has a member"),
+                Choice::PageRank { chosen } => {
+                    let most = members.iter().map(|m| votes_of(m)).max().unwrap_or(0);
+                    let best = members
+                        .iter()
+                        .filter(|m| votes_of(m) == most)
+                        .max_by(|a, b| {
+                            rank(a).total_cmp(&rank(b)).then(b.len().cmp(&a.len())).then(b.cmp(a))
+                        })
+                        .expect("a cluster has a member");
+                    // Both ranks are within the bound of the exact ones, so the chosen one may
+                    // be short of the best by two bounds (and the six decimals').
+                    let slack = 2.0 * 0.001f64.max(0.001 * rank(best)) + 2e-6;
+                    match chosen.get(hash).and_then(|c| members.iter().find(|m| **m == c)) {
+                        Some(c) if votes_of(c) == most && rank(best) - rank(c) <= slack => c,
+                        _ => best,
+                    }
+                }
+            }
+        };
         let mut out = Vec::new();
         for (u, p) in selected {
             let hash = p.hash.as_str();
@@ -324,6 +351,17 @@ impl Reference {
         }
         self.pages.keys().cloned().zip(rank).collect()
     }
+}
+
+/// How a cluster's canonical is chosen after the votes.
+pub enum Choice<'a> {
+    /// The highest in-degree, then the shorter URL, then the smaller.
+    InDegree,
+    /// The highest exact PageRank, then the shorter URL, then the smaller; or the member
+    /// `chosen` names for the cluster's content hash, when its rank is within the rank's
+    /// bound of the best's (the pipeline's ranks are within the bound of the exact ones, so
+    /// two members that close may be chosen either way).
+    PageRank { chosen: &'a BTreeMap<String, String> },
 }
 
 /// Spec §6 over `fetched`: every page's export line, in URL order.

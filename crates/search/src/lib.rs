@@ -1,10 +1,10 @@
 //! The search index of `perc serve` and `perc search` (docs/serve.md, "Search"): a tantivy
 //! index with one document per canonical page that is not noindex (title, forwarded anchor
-//! text, main text, language, in-degree), kept current from the store's search queue
+//! text, main text, language, in-degree, PageRank), kept current from the store's search queue
 //! (`perc_observers::search`, Fluo Recipes' ExportQueue). It is derived data: built from the
 //! export when it is new (or was left half-built), then brought up to date by draining the
 //! queue, which also makes it catch up by itself after any crash. Ranking is BM25 over the
-//! three text fields (title and anchors boosted) times `1 + ln(1 + in-degree)`. The body is
+//! three text fields (title and anchors boosted) times `1 + pagerank / (pagerank + 1)`. The body is
 //! the page's main text (`perc_crawl::text`: navigation, sidebars and footers left out); a
 //! hit shows a snippet of it around the words asked for, and a search may keep only pages
 //! of one language.
@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use perc_pipeline::{Pipeline, PipelineError, Queued, SearchDoc};
+use perc_pipeline::{importance, Pipeline, PipelineError, Queued, SearchDoc};
 use serde::{Deserialize, Serialize};
 use tantivy::collector::TopDocs;
 use tantivy::directory::MmapDirectory;
@@ -64,6 +64,7 @@ struct Fields {
     body: Field,
     lang: Field,
     in_degree: Field,
+    pagerank: Field,
 }
 
 /// What a query may hold (`search.query_bytes_max`, `search.query_nesting_max`). tantivy's
@@ -118,6 +119,7 @@ pub struct Hit {
     pub title: String,
     pub score: f32,
     pub in_degree: u64,
+    pub pagerank: f64,
     /// The language of its main text (ISO 639-3), `None` when undetermined.
     pub lang: Option<String>,
     /// Its main text around the words asked for (at most [`SNIPPET_CHARS`] characters; its
@@ -171,6 +173,7 @@ fn schema() -> (Schema, Fields) {
         body: b.add_text_field("body", words() | STORED),
         lang: b.add_text_field("lang", STRING | STORED),
         in_degree: b.add_u64_field("in_degree", INDEXED | FAST | STORED),
+        pagerank: b.add_f64_field("pagerank", FAST | STORED),
     };
     (b.build(), fields)
 }
@@ -253,6 +256,7 @@ impl SearchIndex {
             doc.add_text(f.lang, lang);
         }
         doc.add_u64(f.in_degree, d.in_degree);
+        doc.add_f64(f.pagerank, d.pagerank);
         doc
     }
 
@@ -390,12 +394,12 @@ impl SearchIndex {
         };
         let searcher = self.reader.searcher();
         let ranked = TopDocs::with_limit(limit.max(1)).tweak_score(|segment: &SegmentReader| {
-            let degree = segment
+            let rank = segment
                 .fast_fields()
-                .u64("in_degree")
-                .expect("the schema has in_degree as a fast field")
-                .first_or_default_col(0);
-            move |doc: DocId, score: Score| score * (1.0 + (1.0 + degree.get_val(doc) as f32).ln())
+                .f64("pagerank")
+                .expect("the schema has pagerank as a fast field")
+                .first_or_default_col(0.0);
+            move |doc: DocId, score: Score| score * importance(rank.get_val(doc)) as f32
         });
         let answer = |e: tantivy::TantivyError| match e {
             tantivy::TantivyError::SchemaError(why)
@@ -423,6 +427,7 @@ impl SearchIndex {
                 title: text(f.title).to_string(),
                 score,
                 in_degree: doc.get_first(f.in_degree).and_then(|v| v.as_u64()).unwrap_or(0),
+                pagerank: doc.get_first(f.pagerank).and_then(|v| v.as_f64()).unwrap_or(0.0),
                 lang: Some(text(f.lang).to_string()).filter(|l| !l.is_empty()),
                 snippet,
             });
@@ -493,11 +498,13 @@ mod tests {
             body: body.into(),
             lang: None,
             in_degree,
+            // A rank that grows with the in-degree.
+            pagerank: 0.15 * (1.0 + in_degree as f64),
         })
     }
 
     #[test]
-    fn ranks_by_text_and_in_degree_and_applies_idempotently() {
+    fn ranks_by_text_and_pagerank_and_applies_idempotently() {
         let dir = tempfile::tempdir().unwrap();
         let index = SearchIndex::open(Some(dir.path())).unwrap();
         assert!(!index.is_built(0).unwrap());
@@ -522,14 +529,18 @@ mod tests {
         assert_eq!(urls("nothing"), ["http://h/c"]);
         assert_eq!(urls("widgets gadgets").len(), 2, "every word must match");
         assert_eq!(urls("widgets -gadgets"), Vec::<String>::new());
-        // The same text: the page more pages link to first, whatever the URL order.
+        // The same text: the page of the higher rank first, whatever the URL order.
         index
             .apply(&[
                 doc("http://h/d", "Twin", &[], "twin", 0),
                 doc("http://h/e", "Twin", &[], "twin", 3),
             ])
             .unwrap();
-        assert_eq!(urls("twin"), ["http://h/e", "http://h/d"], "in-degree ranks");
+        assert_eq!(
+            urls("twin"),
+            ["http://h/e", "http://h/d"],
+            "the rank orders pages whose text matches alike"
+        );
         index
             .apply(&[Queued::Remove("http://h/d".into()), Queued::Remove("http://h/e".into())])
             .unwrap();

@@ -57,11 +57,13 @@ fn a_queue_nobody_drains_is_emptied_and_an_older_index_is_built_again() {
         let stop = CancellationToken::new();
         let seed = Url::parse(&urls[0]).unwrap();
 
-        // The crawl queued a row per change; nothing drained them: the run's end empties it.
+        // The crawl queued a row per change; nothing drained them: the run's end empties it
+        // (and again after the ranks are settled, which queues every page ranked anew).
         assert_eq!(app.search_generation().await.unwrap(), 0);
         app.crawl(std::slice::from_ref(&seed), &scope, &stop).await.unwrap();
         assert!(app.search_caught_up().await.unwrap(), "the queue was emptied");
-        assert_eq!(app.search_generation().await.unwrap(), 1);
+        let crawled = app.search_generation().await.unwrap();
+        assert!(crawled >= 1, "{crawled}");
 
         // An index catches up: it is built from the pages.
         let index = SearchIndex::open(None).unwrap();
@@ -85,7 +87,7 @@ fn a_queue_nobody_drains_is_emptied_and_an_older_index_is_built_again() {
         app.want_again(None).await.unwrap();
         app.run_until_quiet("refetch", &stop).await.unwrap();
         assert!(app.search_caught_up().await.unwrap());
-        assert_eq!(app.search_generation().await.unwrap(), 2);
+        assert!(app.search_generation().await.unwrap() > crawled);
         let caught = index.catch_up(&app, 100, &stop).await.unwrap();
         assert_eq!(caught, Some((6, 0)), "built again");
         assert_eq!(hits("changed3"), [urls[3].clone()]);

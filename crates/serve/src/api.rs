@@ -340,7 +340,7 @@ async fn page(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {
     }
 }
 
-/// `GET /v1/search?q=Q&limit=N&lang=L`: `{"query", "hits": [{url, title, score, in_degree,
+/// `GET /v1/search?q=Q&limit=N&lang=L`: `{"query", "hits": [{url, title, score, in_degree, pagerank,
 /// lang, snippet}]}`, the best N (10 unless given; at most `search.limit_max`) first, of the
 /// pages whose main text is in language L (ISO 639-3) when L is given.
 async fn search(State(s): State<Arc<Served>>, RawQuery(q): RawQuery) -> Answer {

@@ -48,6 +48,10 @@
 //!                                       and the pushes folded into it
 //!                          rank:out     {targets}: what its pushes go   rank
 //!                                       to
+//!                          rank:cluster the hash of its cluster, when   cluster (by
+//!                                       that has more than one member   PageRank only)
+//!                                       and chooses by PageRank: whom
+//!                                       a move of its rank concerns
 //!   g:<bucket>             rank:dirty   notify: the bucket's pushes     parse, indegree,
 //!                                                                       rank
 //!                          rank:folded  every push row of the bucket    rank
@@ -81,6 +85,10 @@
 //!   m:config               crawl:scope  {seeds, prefixes, limits}       loader
 //!                          crawl:layout the store's layout version      the upgrade
 //!                                       ([`crate::upgrade`])
+//!                          cluster:by   "pagerank" when the canonical   the opening
+//!                                       choice ranks by PageRank        ([`crate::rule`])
+//!                          rank:deferred  a bulk load's rank runs wait  crawl, replay
+//!                                       ([`crate::rank::settle`])
 //! ```
 //!
 //! A URL's frontier entry and recrawl state live in a row of their own (`f:`), not in its
@@ -204,6 +212,8 @@ pub mod col {
     pub const PUSH: &[u8] = b"rank:push";
     pub const RESOLVE: &[u8] = b"rank:resolve";
     pub const RANK_DEFERRED: &[u8] = b"rank:deferred";
+    pub const RANK_CLUSTER: &[u8] = b"rank:cluster";
+    pub const CANONICAL_BY: &[u8] = b"cluster:by";
 }
 
 pub fn page(url: &str) -> Bytes {
