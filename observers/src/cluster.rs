@@ -198,8 +198,7 @@ async fn choose(
     let marks: Vec<Option<&Bytes>> = (0..members.len()).map(|i| cell(i, 5)).collect();
     mark_alone(txn, &members, &marks, hash);
     // The importance each member is ranked by after its votes: its in-degree, or the bits
-    // of its PageRank (a rank is finite and not negative, and such floats order as their
-    // bits do).
+    // of its PageRank (positive finite floats order as their bits do).
     let importance: Vec<u64> = match by {
         CanonicalBy::InDegree => (0..members.len()).map(indeg).collect(),
         CanonicalBy::PageRank => ranked(txn, hash, &members).await?,
@@ -404,7 +403,7 @@ async fn ranked(
                     .0
             }
         };
-        ranks.push(x.max(0.0).to_bits());
+        ranks.push(if x > 0.0 { x.to_bits() } else { 0 });
         let row = model::rank_row(m);
         match (cells[1].as_deref(), want) {
             (had, Some(want)) if had != Some(want) => {

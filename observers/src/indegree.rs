@@ -271,8 +271,9 @@ async fn as_page(
     changes: BTreeMap<String, i64>,
     aliases: Vec<String>,
 ) -> Result<Follow, ObserverError> {
-    // The sources whose edges here changed need not tell rank: each one's parse did, and
-    // this URL's own parse, when it became a page, had rank resolve every source it has.
+    // The sources whose edges here changed resolve them to this page: told by the run that
+    // counts them, which sees this URL a page (a source's own run may not have).
+    model::signals::rank_targets_changed(txn, changes.keys().map(String::as_str));
     let (base, extra) = match counted_at {
         Some(old) => {
             // It was an alias: take back what it counted there, and count everything here.

@@ -39,8 +39,9 @@ use crate::model::{self, col, Follow, Meta, PageKind};
 pub struct Parsed {
     /// `page:meta` was written: the export line may show it.
     pub meta_changed: bool,
-    /// It became a page (for the first time, or again), or stopped being one: what its
-    /// sources' links resolve to changed.
+    /// It became a page again, or stopped being one: what its sources' links resolve to
+    /// changed. (A URL parsed for the first time is not counted: the in-degree run that
+    /// counts its sources, which waited for it, tells rank of each.)
     pub page_changed: bool,
     /// The body's simhash (a page's, of 3 tokens or more), for dedup's member row.
     pub simhash: Option<u64>,
@@ -63,9 +64,8 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<Option<Parsed>, O
     let Read { meta, links, follow, simhash } = read(&url, &head, &body);
     let kind_before = model::get_json::<Meta>(txn, row, col::META).await?.map(|m| m.kind);
     let counted_before = kind_before.is_some_and(PageKind::counts_inlinks);
-    let page_changed = kind_before.map_or(meta.kind == PageKind::Page, |k| {
-        (k == PageKind::Page) != (meta.kind == PageKind::Page)
-    });
+    let page_changed =
+        kind_before.is_some_and(|k| (k == PageKind::Page) != (meta.kind == PageKind::Page));
     if counted_before != meta.kind.counts_inlinks() {
         // indegree counts the inlinks of pages and redirects only (see its module).
         txn.notify(row.clone(), Bytes::from_static(col::INDEG_DIRTY));

@@ -22,14 +22,13 @@
 //!
 //! - Trigger: `rank:dirty` of the bucket's head row `g:<bucket>` (weak), set with every
 //!   push row and every word to resolve a page's out-set again (`rank:resolve`): parse
-//!   writes one when a page's links or what it is change, and, when a URL becomes a page
-//!   (for the first time or again) or stops being one, one that has the run resolve its
-//!   sources too (the `e:` rows into it and the `x:` rows of those that reach it through
-//!   aliases, enumerated in the run, after that commit); indegree, for the sources whose
-//!   links to an alias resolve elsewhere.
+//!   writes one when a page's links or what it is change, and, when a URL parsed before
+//!   becomes or stops being a page, one that has the run resolve its sources too (the `e:`
+//!   rows into it and the `x:` rows of those that reach it through aliases, enumerated in
+//!   the run, after that commit); indegree, for the sources whose links to an alias resolve
+//!   elsewhere, or to a URL that became a page.
 //! - Reads: the bucket's rows (at most [`FOLD_MAX`]; the rest by a run it asks for), the
-//!   rank cells (and `rank:cluster`) of the pages they name and those its pushes reach, and
-//!   for a page to resolve,
+//!   rank cells (and `rank:cluster`) of the pages they name and those its pushes reach, and for a page to resolve,
 //!   `page:meta`, `page:links` and what the links count for: a page, or the page an alias's
 //!   chain ends at (`indeg:alias_of`), as the in-degree counts them
 //!   ([`model::pages_counted_for`]). A URL that is not a page has no rank and pushes nothing.
