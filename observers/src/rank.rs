@@ -28,7 +28,8 @@
 //!   the run, after that commit); indegree, for the sources whose links to an alias resolve
 //!   elsewhere, or to a URL that became a page.
 //! - Reads: the bucket's rows (at most [`FOLD_MAX`]; the rest by a run it asks for), the
-//!   rank cells (and `rank:cluster`) of the pages they name and those its pushes reach, and for a page to resolve,
+//!   rank cells (and `rank:cluster`) of the pages they name and those its pushes reach, and
+//!   for a page to resolve,
 //!   `page:meta`, `page:links` and what the links count for: a page, or the page an alias's
 //!   chain ends at (`indeg:alias_of`), as the in-degree counts them
 //!   ([`model::pages_counted_for`]). A URL that is not a page has no rank and pushes nothing.
@@ -544,6 +545,7 @@ pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
     for chunk in rows.chunks(SETTLE_CHUNK) {
         client.retrying(|c| async move { write_settled(&c, chunk).await }).await??;
     }
+    clear_settled(client, mark).await?;
     // Resumed: the buckets' marks moved past the pushes the ranks hold, and every bucket runs.
     client
         .retrying(|c| async move {
@@ -565,6 +567,62 @@ pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
         })
         .await?;
     Ok(pages.len())
+}
+
+/// Rows [`clear_settled`] deletes a transaction.
+const CLEAR_CHUNK: usize = 4096;
+
+/// Deletes every push row and word to resolve committed before `mark` (the settled ranks
+/// hold what they say), in one pass over each bucket's rows and column, a chunk a
+/// transaction. Left to the runs, a load's rows (a word for each edge a source made:
+/// ~21 a page on the synthetic web) would be taken [`FOLD_MAX`] a run, each run walking
+/// every row left: at 100k pages, two million rows and a hundred runs.
+async fn clear_settled(client: &perc_txn::Client, mark: u64) -> Result<(), IndexError> {
+    for b in 0..model::RANK_BUCKETS {
+        let (start, end) = model::children(&rows::PUSHES, &format!("{b:02x}"));
+        let head = model::rank_head(b);
+        for column in [col::PUSH, col::RESOLVE] {
+            let mut from = start.clone();
+            loop {
+                let next = client
+                    .retrying(|c| {
+                        let (from, end, head) = (from.clone(), end.clone(), head.clone());
+                        async move {
+                            let mut t = c.begin().await?;
+                            let found = t
+                                .scan_each_found(&[
+                                    RangeScan::new(&from, &end, column).first(CLEAR_CHUNK)
+                                ])
+                                .await?
+                                .pop()
+                                .unwrap_or_default();
+                            let next = (found.len() >= CLEAR_CHUNK)
+                                .then(|| found.last().map(|f| [&f.row[..], b"\0"].concat()))
+                                .flatten();
+                            for f in found.into_iter().filter(|f| f.commit_ts.0 < mark) {
+                                t.delete_at_commit(f.row, column);
+                            }
+                            // The bucket's mark, rewritten as it is: a transaction with
+                            // writes applies its deletes, and a run beside it conflicts.
+                            let held = t.get(&head, col::RANK_FOLDED).await?;
+                            t.set(
+                                head,
+                                Bytes::from_static(col::RANK_FOLDED),
+                                held.unwrap_or_else(|| Bytes::from_static(b"0")),
+                            );
+                            t.commit().await?;
+                            Ok::<_, perc_txn::TxnError>(next)
+                        }
+                    })
+                    .await?;
+                match next {
+                    Some(after) => from = after,
+                    None => break,
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// PageRank by power iteration over `out` (each page's targets), to a change below 1e-12.

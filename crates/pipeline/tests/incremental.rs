@@ -1010,3 +1010,41 @@ fn canonical_by_pagerank_follows_the_rank_and_a_store_keeps_its_rule() {
         perc_observers::cluster::keep_rule(fresh.client(), CanonicalBy::InDegree).await.unwrap();
     });
 }
+
+/// A crawl defers the rank runs and settles the ranks at its end. The words to resolve
+/// out-sets that its parses and in-degree runs wrote meanwhile (one for each edge) are
+/// deleted by the settle in one pass, so no rank run after it has any to take, and the
+/// export holds the exact ranks.
+#[test]
+fn a_crawl_settles_its_ranks_and_leaves_no_rank_rows_to_take() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut rng = StdRng::seed_from_u64(7);
+        let urls: Vec<String> = (0..12).map(|i| format!("http://site.test/p{i}")).collect();
+        let web = Web::default();
+        let mut bodies = Vec::new();
+        for u in &urls {
+            web.set(u, random_response(&mut rng, &urls, &mut bodies));
+        }
+        let scope = CrawlScope {
+            seeds: vec![urls[0].clone()],
+            prefixes: vec![],
+            max_depth: 20,
+            max_redirects: 2,
+        };
+        let h = pipeline(&web, CanonicalBy::InDegree, |_| {}).await;
+        let stop = tokio_util::sync::CancellationToken::new();
+        h.crawl(&[Url::parse(&urls[0]).unwrap()], &scope, &stop).await.unwrap();
+        let rank = h.engine().stats().into_iter().find(|s| s.name == "rank").unwrap();
+        assert_eq!(rank.commits, 0, "no rank run had rows to take: {rank:?}");
+        let t = h.client().begin().await.unwrap();
+        let pushes = &perc_observers::model::rows::PUSHES;
+        for column in [perc_observers::model::col::PUSH, perc_observers::model::col::RESOLVE] {
+            let left = t.scan_first(pushes.start(), pushes.end(), column, 1).await.unwrap();
+            assert!(left.is_empty(), "{left:?}");
+        }
+        let got = perc_observers::export(h.client()).await.unwrap();
+        let want = reference(&reference_crawl(&web, &[&urls[0]], &scope));
+        same_export(got, &want).unwrap();
+    });
+}
