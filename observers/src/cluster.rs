@@ -381,13 +381,10 @@ async fn ranked(
     hash: &str,
     members: &[String],
 ) -> Result<Vec<u64>, IndexError> {
-    let keys: Vec<(Bytes, Bytes)> = members
-        .iter()
-        .flat_map(|m| {
-            let row = model::rank_row(m);
-            [col::RANK, col::RANK_CLUSTER].map(|c| (row.clone(), Bytes::from_static(c)))
-        })
-        .collect();
+    let keys = model::cells_of(
+        members.iter().map(|m| model::rank_row(m)),
+        &[col::RANK, col::RANK_CLUSTER],
+    );
     let cells = txn.get_many(&keys).await?;
     let want = (members.len() > 1).then_some(hash.as_bytes());
     let mut buckets = std::collections::BTreeSet::new();
@@ -415,13 +412,7 @@ async fn ranked(
         }
     }
     for b in buckets {
-        let head = model::rank_head(b);
-        let mark = txn.get(&head, col::RANK_FOLDED).await?;
-        txn.set(
-            head,
-            Bytes::from_static(col::RANK_FOLDED),
-            mark.unwrap_or_else(|| Bytes::from_static(b"0")),
-        );
+        crate::rank::hold_mark(txn, b).await?;
     }
     Ok(ranks)
 }

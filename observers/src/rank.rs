@@ -290,13 +290,8 @@ async fn load_ranks(
     states: &mut BTreeMap<String, State>,
 ) -> Result<(), IndexError> {
     let new: Vec<&String> = due.iter().filter(|u| !states.contains_key(*u)).collect();
-    let keys: Vec<(Bytes, Bytes)> = new
-        .iter()
-        .flat_map(|u| {
-            let row = model::rank_row(u);
-            [col::RANK, col::RANK_CLUSTER].map(|c| (row.clone(), Bytes::from_static(c)))
-        })
-        .collect();
+    let keys =
+        model::cells_of(new.iter().map(|u| model::rank_row(u)), &[col::RANK, col::RANK_CLUSTER]);
     let cells = txn.get_many(&keys).await?;
     for (url, cells) in new.into_iter().zip(cells.chunks(2)) {
         let ((x, a), _) = stored(url, &cells[0], &None)?;
@@ -344,13 +339,7 @@ async fn out_sets(
     if urls.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let keys: Vec<(Bytes, Bytes)> = urls
-        .iter()
-        .flat_map(|u| {
-            let row = model::page(u);
-            [col::META, col::LINKS].map(|c| (row.clone(), Bytes::from_static(c)))
-        })
-        .collect();
+    let keys = model::cells_of(urls.iter().map(|u| model::page(u)), &[col::META, col::LINKS]);
     let cells = txn.get_many(&keys).await?;
     let mut pages: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (url, cells) in urls.iter().zip(cells.chunks(2)) {
@@ -491,11 +480,11 @@ pub async fn deferred(client: &perc_txn::Client) -> Result<bool, perc_txn::TxnEr
 
 /// Sets every page's rank from a power iteration over the graph at one snapshot, and what
 /// its sources push it (A) as the sum of their weights then, and resumes the runs. Push
-/// rows committed before the graph was read are taken with it (the bucket's mark moves past
-/// them: A holds their effect); the words to resolve an out-set written since are folded by
-/// the next run, which finds every residual within ε (or absorbs what changed since). A URL
-/// with rank cells that is no page of the snapshot has no rank and pushes nothing. Returns
-/// the pages set.
+/// rows and words to resolve committed before the graph was read are taken with it (deleted
+/// by [`clear_settled`], and the bucket's mark moves past them: A holds their effect); the
+/// words written since are folded by the next run, which finds every residual within ε (or
+/// absorbs what changed since). A URL with rank cells that is no page of the snapshot has
+/// no rank and pushes nothing. Returns the pages set.
 pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
     // Every row committed before this is in the graph read below.
     let mark = client.begin().await?.start_ts().0;
@@ -580,13 +569,12 @@ const CLEAR_CHUNK: usize = 4096;
 async fn clear_settled(client: &perc_txn::Client, mark: u64) -> Result<(), IndexError> {
     for b in 0..model::RANK_BUCKETS {
         let (start, end) = model::children(&rows::PUSHES, &format!("{b:02x}"));
-        let head = model::rank_head(b);
         for column in [col::PUSH, col::RESOLVE] {
             let mut from = start.clone();
             loop {
                 let next = client
                     .retrying(|c| {
-                        let (from, end, head) = (from.clone(), end.clone(), head.clone());
+                        let (from, end) = (from.clone(), end.clone());
                         async move {
                             let mut t = c.begin().await?;
                             let found = t
@@ -602,14 +590,8 @@ async fn clear_settled(client: &perc_txn::Client, mark: u64) -> Result<(), Index
                             for f in found.into_iter().filter(|f| f.commit_ts.0 < mark) {
                                 t.delete_at_commit(f.row, column);
                             }
-                            // The bucket's mark, rewritten as it is: a transaction with
-                            // writes applies its deletes, and a run beside it conflicts.
-                            let held = t.get(&head, col::RANK_FOLDED).await?;
-                            t.set(
-                                head,
-                                Bytes::from_static(col::RANK_FOLDED),
-                                held.unwrap_or_else(|| Bytes::from_static(b"0")),
-                            );
+                            // A transaction with a write applies its deletes.
+                            hold_mark(&mut t, b).await?;
                             t.commit().await?;
                             Ok::<_, perc_txn::TxnError>(next)
                         }
@@ -654,14 +636,10 @@ async fn write_settled(
     chunk: &[(String, f64, f64, Out)],
 ) -> Result<Result<(), IndexError>, perc_txn::TxnError> {
     let mut t = c.begin().await?;
-    let keys: Vec<(Bytes, Bytes)> = chunk
-        .iter()
-        .flat_map(|(url, ..)| {
-            let row = model::rank_row(url);
-            [col::RANK, col::RANK_OUT, col::RANK_CLUSTER]
-                .map(|c| (row.clone(), Bytes::from_static(c)))
-        })
-        .collect();
+    let keys = model::cells_of(
+        chunk.iter().map(|(url, ..)| model::rank_row(url)),
+        &[col::RANK, col::RANK_OUT, col::RANK_CLUSTER],
+    );
     let cells = t.get_many(&keys).await?;
     let mut buckets = BTreeSet::new();
     for ((url, x, a, out), cells) in chunk.iter().zip(cells.chunks(3)) {
@@ -684,18 +662,25 @@ async fn write_settled(
         t.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
         buckets.insert(model::rank_bucket(url));
     }
-    // The cells are written unchecked, as a run writes them: the bucket's mark, rewritten as
-    // it is, is where a run beside this one conflicts.
+    // The cells are written unchecked, as a run writes them.
     for b in buckets {
-        let head = model::rank_head(b);
-        let mark = t.get(&head, col::RANK_FOLDED).await?;
-        t.set(
-            head,
-            Bytes::from_static(col::RANK_FOLDED),
-            mark.unwrap_or_else(|| Bytes::from_static(b"0")),
-        );
+        hold_mark(&mut t, b).await?;
     }
     t.commit().await.map(|_| Ok(()))
+}
+
+/// Rewrites the mark of `bucket` as it is, in `txn`: every transaction that writes rank
+/// cells or takes the bucket's rows writes the mark, checked, so a run beside this one
+/// conflicts with it.
+pub async fn hold_mark(txn: &mut Transaction, bucket: u8) -> Result<(), perc_txn::TxnError> {
+    let head = model::rank_head(bucket);
+    let mark = txn.get(&head, col::RANK_FOLDED).await?;
+    txn.set(
+        head,
+        Bytes::from_static(col::RANK_FOLDED),
+        mark.unwrap_or_else(|| Bytes::from_static(b"0")),
+    );
+    Ok(())
 }
 
 /// The change of what each target gets between a source of rank and out-set `before` and

@@ -94,6 +94,16 @@ pub fn join_keys(line: &ExportLine) -> [(Bytes, Bytes); 3] {
     ]
 }
 
+/// The cells `columns` of each of `rows`, row by row: the keys of one batched read.
+pub fn cells_of(
+    rows: impl IntoIterator<Item = Bytes>,
+    columns: &[&'static [u8]],
+) -> Vec<(Bytes, Bytes)> {
+    rows.into_iter()
+        .flat_map(|row| columns.iter().map(move |c| (row.clone(), Bytes::from_static(c))))
+        .collect()
+}
+
 /// A page's `rank:rank`: its rank x and what its sources pushed it, A (see
 /// [`crate::rank`]), two decimals as Rust writes an f64 (which read back exactly).
 pub fn rank_of(raw: &[u8]) -> Option<(f64, f64)> {
