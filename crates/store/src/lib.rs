@@ -354,6 +354,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Several scans in one call (as Bigtable's ReadRows takes several row ranges): each
     /// scan's cells, as [`Self::scan`] returns them. Not a consistent snapshot across them.
+    /// Scans of several families over one range may share one walk of its rows (the
+    /// embedded store's do): once one of them (of a limit above 0) has its limit, the walk
+    /// may end with that row, and the others then hold every cell of theirs up to that row
+    /// and none after it (fewer than their limit). A transaction's scan reads `lock` and
+    /// `write` so, and needs no lock past where its records stop; a walk on to the range's
+    /// end for a family with no cells there would cost the whole range.
     async fn scan_many(&self, scans: &[Scan]) -> Result<Vec<Vec<ScanCell>>> {
         let mut out = Vec::with_capacity(scans.len());
         for scan in scans {

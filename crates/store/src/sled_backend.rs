@@ -495,6 +495,10 @@ impl SledStore {
         let mut out: Vec<Vec<ScanCell>> = vec![Vec::new(); scans.len()];
         let Some(first) = scans.first() else { return Ok(out) };
         let full = |out: &[Vec<ScanCell>]| scans.iter().zip(out).all(|(s, f)| f.len() >= s.limit);
+        // The walk ends with the row at which one scan has its limit (see `Store::scan_many`).
+        let one_full = |out: &[Vec<ScanCell>]| {
+            scans.iter().zip(out).any(|(s, f)| s.limit > 0 && f.len() >= s.limit)
+        };
         // Only the scanned families are decoded (a scan of `lock` skips the pages' records).
         let scanned = |family: &str, _: &[u8]| scans.iter().any(|s| s.family == family);
         if full(&out) {
@@ -521,7 +525,7 @@ impl SledStore {
                     }
                 }
             }
-            if full(&out) {
+            if one_full(&out) {
                 break;
             }
         }
