@@ -655,6 +655,9 @@ fn serve_on_a_full_disk_exits_2_with_one_clear_error_and_serves_again_with_space
             --seeds "$SEEDS" > "$OUT/full.out" 2> "$OUT/full.err"
         echo $? > "$OUT/full.rc"
         mount -o remount,size=64m tmpfs "$MNT" || exit 91
+        # The stopped server's address file, left by its exit on the full disk: the wait
+        # below is for the new one's.
+        rm -f "$MNT/store/serve.json"
         "$PERC" --config "$CONFIG" --data "$MNT/store" serve --listen 127.0.0.1:0 \
             > "$OUT/again.out" 2> "$OUT/again.err" &
         pid=$!
