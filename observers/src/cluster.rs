@@ -390,16 +390,7 @@ async fn ranked(
     let mut buckets = std::collections::BTreeSet::new();
     let mut ranks = Vec::new();
     for (m, cells) in members.iter().zip(cells.chunks(2)) {
-        let x = match &cells[0] {
-            None => 0.0,
-            Some(raw) => {
-                model::rank_of(raw)
-                    .ok_or_else(|| {
-                        IndexError::corrupt(format!("rank:rank of {m}"), raw.escape_ascii())
-                    })?
-                    .0
-            }
-        };
+        let ((x, _), _) = crate::rank::stored(m, &cells[0], &None)?;
         ranks.push(if x > 0.0 { x.to_bits() } else { 0 });
         let row = model::rank_row(m);
         match (cells[1].as_deref(), want) {

@@ -113,7 +113,7 @@ fn number(raw: &[u8], what: &str, url: &str) -> Result<f64, IndexError> {
 }
 
 /// A page's `rank:rank` ((x, A); none is (0, 0)) and `rank:out` as stored.
-fn stored(
+pub(crate) fn stored(
     url: &str,
     rank: &Option<Bytes>,
     out: &Option<Bytes>,
@@ -570,41 +570,44 @@ async fn clear_settled(client: &perc_txn::Client, mark: u64) -> Result<(), Index
     for b in 0..model::RANK_BUCKETS {
         let (start, end) = model::children(&rows::PUSHES, &format!("{b:02x}"));
         for column in [col::PUSH, col::RESOLVE] {
-            let mut from = start.clone();
-            loop {
-                let next = client
-                    .retrying(|c| {
-                        let (from, end) = (from.clone(), end.clone());
-                        async move {
-                            let mut t = c.begin().await?;
-                            let found = t
-                                .scan_each_found(&[
-                                    RangeScan::new(&from, &end, column).first(CLEAR_CHUNK)
-                                ])
-                                .await?
-                                .pop()
-                                .unwrap_or_default();
-                            let next = (found.len() >= CLEAR_CHUNK)
-                                .then(|| found.last().map(|f| [&f.row[..], b"\0"].concat()))
-                                .flatten();
-                            for f in found.into_iter().filter(|f| f.commit_ts.0 < mark) {
-                                t.delete_at_commit(f.row, column);
-                            }
-                            // A transaction with a write applies its deletes.
-                            hold_mark(&mut t, b).await?;
-                            t.commit().await?;
-                            Ok::<_, perc_txn::TxnError>(next)
-                        }
-                    })
+            let mut from = Some(start.clone());
+            while let Some(at) = from {
+                let (at, end) = (&at, &end);
+                from = client
+                    .retrying(|c| async move { clear_chunk(&c, b, (at, end), column, mark).await })
                     .await?;
-                match next {
-                    Some(after) => from = after,
-                    None => break,
-                }
             }
         }
     }
     Ok(())
+}
+
+/// One transaction of [`clear_settled`]: deletes the rows of `bucket` with `column` in
+/// `range`, [`CLEAR_CHUNK`] at most, committed before `mark`; returns where the next
+/// chunk starts, if the range may hold more.
+async fn clear_chunk(
+    c: &perc_txn::Client,
+    bucket: u8,
+    (from, end): (&[u8], &[u8]),
+    column: &'static [u8],
+    mark: u64,
+) -> Result<Option<Vec<u8>>, perc_txn::TxnError> {
+    let mut t = c.begin().await?;
+    let found = t
+        .scan_each_found(&[RangeScan::new(from, end, column).first(CLEAR_CHUNK)])
+        .await?
+        .pop()
+        .unwrap_or_default();
+    let next = (found.len() >= CLEAR_CHUNK)
+        .then(|| found.last().map(|f| [&f.row[..], b"\0"].concat()))
+        .flatten();
+    for f in found.into_iter().filter(|f| f.commit_ts.0 < mark) {
+        t.delete_at_commit(f.row, column);
+    }
+    // A transaction with a write applies its deletes.
+    hold_mark(&mut t, bucket).await?;
+    t.commit().await?;
+    Ok(next)
 }
 
 /// PageRank by power iteration over `out` (each page's targets), to a change below 1e-12.
