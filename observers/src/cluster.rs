@@ -390,7 +390,7 @@ async fn ranked(
     let mut buckets = std::collections::BTreeSet::new();
     let mut ranks = Vec::new();
     for (m, cells) in members.iter().zip(cells.chunks(2)) {
-        let ((x, _), _) = crate::rank::stored(m, &cells[0], &None)?;
+        let x = crate::rank::shown(m, &cells[0])?;
         ranks.push(if x > 0.0 { x.to_bits() } else { 0 });
         let row = model::rank_row(m);
         match (cells[1].as_deref(), want) {

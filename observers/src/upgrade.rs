@@ -16,15 +16,22 @@
 //!    erases them after its commit instead of deleting them in it; a perc of layout 2 would
 //!    count again a row a crash kept from being erased. Nothing moves: a URL without the
 //!    mark folds every change row it sees, as before.
+//! 4. A page's rank state in its shard's row (`h:`, see [`crate::rank`]), its `k:` row
+//!    holding the rank shown. The upgrade copies each `k:` row's rank and pushes (`<x> <a>`)
+//!    into the shards, the rank shown being the rank; a perc of layout 3 would read a `k:`
+//!    row as a page's whole state.
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use perc_txn::Client;
 
 use crate::model::{self, col, rows};
+use crate::rank::shard::{Entry, Shards, Slot};
 use crate::IndexError;
 
 /// The layout this perc reads and writes.
-pub const LAYOUT: u64 = 3;
+pub const LAYOUT: u64 = 4;
 
 /// Rows moved per transaction.
 const BATCH: usize = 100;
@@ -50,6 +57,9 @@ pub async fn upgrade(client: &Client) -> Result<Upgraded, IndexError> {
     if found < 2 {
         done.moved = move_to_fetch_rows(client, WANTS).await?;
         move_to_fetch_rows(client, STATES).await?;
+    }
+    if found < 4 {
+        ranks_to_shards(client).await?;
     }
     client
         .retrying(|c| async move {
@@ -165,4 +175,48 @@ async fn move_batch(
     }
     t.commit().await?;
     Ok((batch.len(), batch.last().map(|(row, _)| row.clone()), served))
+}
+
+/// Shards [`ranks_to_shards`] writes a transaction.
+const SHARDS_A_TXN: usize = 16;
+
+/// Copies the rank of every `k:` row of layout 3 (`<x> <a>`) into its shard (layout 4) where
+/// the shard holds none for it: done again, the same. A `k:` row holding a rank alone is of
+/// layout 4 already.
+async fn ranks_to_shards(client: &Client) -> Result<(), IndexError> {
+    let ranked =
+        client.begin().await?.scan(rows::RANKS.start(), rows::RANKS.end(), col::RANK).await?;
+    let mut by_shard: BTreeMap<Bytes, Vec<(Slot, Entry)>> = BTreeMap::new();
+    for (row, raw) in ranked {
+        let Some(url) = rows::RANKS.key_of(&row) else { continue };
+        let text = std::str::from_utf8(&raw).ok();
+        let Some((x, a)) = text.and_then(|t| t.split_once(' ')) else { continue };
+        let pair = (x.parse::<f64>().ok(), a.parse::<f64>().ok());
+        let (Some(x), Some(a)) = pair else {
+            return Err(IndexError::corrupt(format!("rank:rank of {url}"), raw.escape_ascii()));
+        };
+        let slot = Slot::of(url);
+        by_shard.entry(slot.row().clone()).or_default().push((slot, Entry { x, a, shown: x }));
+    }
+    let shards: Vec<Vec<(Slot, Entry)>> = by_shard.into_values().collect();
+    for chunk in shards.chunks(SHARDS_A_TXN) {
+        client
+            .retrying(|c| async move {
+                let mut t = c.begin().await?;
+                let mut shards = Shards::default();
+                shards.load(&t, chunk.iter().flatten().map(|(slot, _)| slot)).await?;
+                for (slot, entry) in chunk.iter().flatten() {
+                    if shards.get(slot) == Entry::default() {
+                        shards.set(slot, *entry);
+                    }
+                }
+                shards.write(&mut t);
+                for b in 0..model::RANK_BUCKETS {
+                    crate::rank::hold_mark(&mut t, b).await?;
+                }
+                t.commit().await.map_err(IndexError::from)
+            })
+            .await?;
+    }
+    Ok(())
 }

@@ -415,13 +415,16 @@ fn rank_resolves_out_sets_and_ranks_a_bucket_in_one_run() {
             "()".into()
         })
         .await;
-        // PR = 1 for both (each the other's only source): within ε / 0.15 of it.
+        // PR = 1 for both (each the other's only source): within ε / 0.15 of it; the rank
+        // shown is the rank (it moved from nothing).
         let t = c.begin().await.unwrap();
         for url in [A, B] {
-            let raw = t.get(&model::rank_row(url), col::RANK).await.unwrap().unwrap();
-            let (x, a) = model::rank_of(&raw).unwrap();
+            let state = perc_observers::rank::state_of(&t, url).await.unwrap();
+            let (x, a) = (state.x, state.a);
             assert!((x - 1.0).abs() <= perc_observers::rank::EPSILON / 0.15, "{url}: {x}");
             assert!((0.15 + a - x).abs() <= perc_observers::rank::EPSILON, "{url}: {x} {a}");
+            let raw = t.get(&model::rank_row(url), col::RANK).await.unwrap().unwrap();
+            assert_eq!(model::rank_of(&raw), Some(x), "{url}");
         }
         changes_nothing(&c, async |t| perc_observers::rank::run(t, &head).await.unwrap()).await;
     });

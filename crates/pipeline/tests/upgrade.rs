@@ -196,3 +196,50 @@ fn a_store_of_layout_2_is_marked_and_indexes_on() {
         app.close().await.unwrap();
     });
 }
+
+/// A store of layout 3 kept a page's whole rank state in its `k:` row (`<x> <a>`) and had no
+/// shards: opening it moves each page's state into its shard, the rank shown being the rank,
+/// and the index goes on as it was.
+#[test]
+fn a_store_of_layout_3_moves_its_ranks_into_their_shards() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let (config, app, _) = crawled_from_a(tmp.path()).await;
+        let mut states = BTreeMap::new();
+        let mut t = app.client().begin().await.unwrap();
+        for url in [A, B, C] {
+            let state = perc_observers::rank::state_of(&t, url).await.unwrap();
+            assert!(state.x > 0.0, "{url}: {state:?}");
+            t.set(
+                model::rank_row(url),
+                Bytes::from_static(col::RANK),
+                format!("{} {}", state.x, state.a),
+            );
+            states.insert(url, state);
+        }
+        let shards =
+            t.scan(rows::SHARDS.start(), rows::SHARDS.end(), col::RANK_STATE).await.unwrap();
+        assert!(!shards.is_empty());
+        for (row, _) in shards {
+            t.delete(row, Bytes::from_static(col::RANK_STATE));
+        }
+        t.set(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::LAYOUT), "3");
+        t.commit().await.unwrap();
+        let as_layout_3 = app.export_jsonl().await.unwrap();
+        app.close().await.unwrap();
+
+        let app = open(&config).await.unwrap();
+        let t = app.client().begin().await.unwrap();
+        let layout = t.get(model::CONFIG_ROW, col::LAYOUT).await.unwrap();
+        assert_eq!(layout.as_deref(), Some(perc_observers::LAYOUT.to_string().as_bytes()));
+        for (url, state) in &states {
+            let moved = perc_observers::rank::state_of(&t, url).await.unwrap();
+            assert_eq!((moved.x, moved.a, moved.shown), (state.x, state.a, state.x), "{url}");
+        }
+        drop(t);
+        app.engine().run_until_quiet().await.unwrap();
+        assert_eq!(app.export_jsonl().await.unwrap(), as_layout_3);
+        app.close().await.unwrap();
+    });
+}

@@ -104,17 +104,18 @@ pub fn cells_of(
         .collect()
 }
 
-/// A page's `rank:rank`: its rank x and what its sources pushed it, A (see
-/// [`crate::rank`]), two decimals as Rust writes an f64 (which read back exactly).
-pub fn rank_of(raw: &[u8]) -> Option<(f64, f64)> {
-    let (x, a) = std::str::from_utf8(raw).ok()?.split_once(' ')?;
-    let (x, a) = (x.parse::<f64>().ok()?, a.parse::<f64>().ok()?);
-    (x.is_finite() && a.is_finite()).then_some((x, a))
+/// A page's `rank:rank`: its rank as shown (see [`crate::rank`]), a decimal as Rust writes
+/// an f64 (which reads back exactly). A store of layout 3 wrote what its sources pushed it
+/// after it: read, and left.
+pub fn rank_of(raw: &[u8]) -> Option<f64> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let x = text.split_once(' ').map_or(text, |(x, _)| x).parse::<f64>().ok()?;
+    x.is_finite().then_some(x)
 }
 
 /// The text of a page's `rank:rank` ([`rank_of`]).
-pub fn rank_text(x: f64, a: f64) -> Bytes {
-    Bytes::from(format!("{x} {a}"))
+pub fn rank_text(x: f64) -> Bytes {
+    Bytes::from(x.to_string())
 }
 
 /// A page's export line with its inlinks and near-duplicates joined in (spec §7): the
@@ -128,7 +129,7 @@ pub async fn full_line(
 ) -> Result<ExportLine, IndexError> {
     let [fwd_names, near, rank] = joined;
     if let Some(raw) = rank {
-        let (x, _) = rank_of(&raw).ok_or_else(|| {
+        let x = rank_of(&raw).ok_or_else(|| {
             IndexError::corrupt(format!("rank:rank of {}", line.url), raw.escape_ascii())
         })?;
         // Six decimals: far inside the bound the ranks are kept within (spec §6.4b).

@@ -158,6 +158,7 @@ pub mod rows {
     pub static QUEUE: Prefix = kind(b'q');
     pub static PUSHES: Prefix = kind(b'g');
     pub static RANKS: Prefix = kind(b'k');
+    pub static SHARDS: Prefix = kind(b'h');
 }
 
 use rows::*;
@@ -213,6 +214,7 @@ pub mod col {
     pub const RESOLVE: &[u8] = b"rank:resolve";
     pub const RANK_DEFERRED: &[u8] = b"rank:deferred";
     pub const RANK_CLUSTER: &[u8] = b"rank:cluster";
+    pub const RANK_STATE: &[u8] = b"rank:state";
     pub const CANONICAL_BY: &[u8] = b"cluster:by";
 }
 
@@ -271,8 +273,17 @@ pub const RANK_BUCKETS: u8 = 1;
 
 /// The rank bucket of `url`.
 pub fn rank_bucket(url: &str) -> u8 {
-    let byte = u16::from(blake3::hash(url.as_bytes()).as_bytes()[0]);
-    u8::try_from(byte * u16::from(RANK_BUCKETS) / 256).expect("below RANK_BUCKETS")
+    rank_bucket_of(blake3::hash(url.as_bytes()).as_bytes()[0])
+}
+
+/// The rank bucket of a URL whose blake3 begins with `byte`.
+pub fn rank_bucket_of(byte: u8) -> u8 {
+    u8::try_from(u16::from(byte) * u16::from(RANK_BUCKETS) / 256).expect("below RANK_BUCKETS")
+}
+
+/// The row of a shard of rank states (see [`crate::rank`]'s `shard`): `shard` of `bucket`.
+pub fn rank_shard(bucket: u8, shard: u8) -> Bytes {
+    Bytes::from(format!("{}{bucket:02x}{shard:02x}", SHARDS.prefix()))
 }
 
 /// The head row of a rank bucket: its notification and its mark.

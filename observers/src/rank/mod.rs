@@ -54,6 +54,12 @@ use crate::model::{self, col, rows, Meta, PageKind};
 use crate::search;
 use crate::IndexError;
 
+mod settle;
+pub mod shard;
+
+pub use settle::{defer, deferred, settle};
+use shard::{Entry, Shards, Slot};
+
 /// The residual a page absorbs past.
 pub const EPSILON: f64 = 1e-4;
 
@@ -78,15 +84,9 @@ pub const FOLD_MAX: usize = 16384;
 /// Pages a run reads at most: past them, what is left to fold goes back to the bucket.
 pub const PAGES_MAX: usize = 4096;
 
-/// A rank within this share of the settled one is left as it is by [`settle`].
-const SETTLED: f64 = 1e-9;
-
 /// Rounds of absorbing that read the store a run does at most (rounds among the pages it
 /// has read cost no call).
 pub const READS_MAX: usize = 24;
-
-/// Pages [`settle`] writes a transaction.
-const SETTLE_CHUNK: usize = 256;
 
 /// What a page's pushes go to (`rank:out`): its out-set. What it pushes each target is its
 /// weight, [`weight`]; a URL that is not a page has no rank and pushes nothing.
@@ -112,37 +112,42 @@ fn number(raw: &[u8], what: &str, url: &str) -> Result<f64, IndexError> {
         .ok_or_else(|| IndexError::corrupt(format!("{what} of {url}"), raw.escape_ascii()))
 }
 
-/// A page's `rank:rank` ((x, A); none is (0, 0)) and `rank:out` as stored.
-pub(crate) fn stored(
-    url: &str,
-    rank: &Option<Bytes>,
-    out: &Option<Bytes>,
-) -> Result<((f64, f64), Out), IndexError> {
-    let rank = match rank {
-        None => (0.0, 0.0),
-        Some(raw) => model::rank_of(raw).ok_or_else(|| {
-            IndexError::corrupt(format!("rank:rank of {url}"), raw.escape_ascii())
-        })?,
-    };
-    let out: Out = out
+/// A page's rank state as its shard holds it: x, A and the rank shown (for tests and
+/// diagnostics; the runs read whole shards).
+pub async fn state_of(txn: &Transaction, url: &str) -> Result<Entry, IndexError> {
+    let slot = Slot::of(url);
+    let mut shards = Shards::default();
+    shards.load(txn, [&slot]).await?;
+    Ok(shards.get(&slot))
+}
+
+/// A page's shown rank, its `rank:rank` as stored (none is 0).
+pub(crate) fn shown(url: &str, rank: &Option<Bytes>) -> Result<f64, IndexError> {
+    match rank {
+        None => Ok(0.0),
+        Some(raw) => model::rank_of(raw)
+            .ok_or_else(|| IndexError::corrupt(format!("rank:rank of {url}"), raw.escape_ascii())),
+    }
+}
+
+/// A page's `rank:out` as stored (none is the empty set).
+fn out_of(url: &str, out: &Option<Bytes>) -> Result<Out, IndexError> {
+    Ok(out
         .as_ref()
         .map(|o| serde_json::from_slice(o))
         .transpose()
         .map_err(|e| IndexError::corrupt(format!("rank:out of {url}"), e))?
-        .unwrap_or_default();
-    Ok((rank, out))
+        .unwrap_or_default())
 }
 
-/// A page's rank cells as a run found them, and as it leaves them; its out-set is read
-/// only when it moves.
+/// A page's rank state as a run found it, and as it leaves it; its out-set is read only
+/// when it moves.
 #[derive(Debug)]
 struct State {
-    x: f64,
-    a: f64,
+    slot: Slot,
+    now: Entry,
     out: Option<Out>,
-    before: (f64, f64, Option<Out>),
-    /// Its `rank:cluster`: the cluster a move of its rank is told to.
-    cluster: Option<Bytes>,
+    before: (Entry, Option<Out>),
 }
 
 /// The stage, as a run of rank on a bucket's head row `row`.
@@ -209,6 +214,7 @@ async fn absorb(
     mut resolve: BTreeSet<String>,
 ) -> Result<BTreeMap<String, f64>, IndexError> {
     let mut states: BTreeMap<String, State> = BTreeMap::new();
+    let mut shards = Shards::default();
     let mut outbox: BTreeMap<String, f64> = BTreeMap::new();
     let mut reads = 0;
     loop {
@@ -225,14 +231,14 @@ async fn absorb(
             outbox.extend(pushes);
             break;
         }
-        load_ranks(txn, &due, &mut states).await?;
+        load_ranks(txn, &due, &mut shards, &mut states).await?;
         // A page has a rank (a URL that is not one has none), unless resolved otherwise.
         let mut moving = Vec::new();
         for url in &due {
             let state = states.get_mut(url).expect("read");
-            state.a += pushes.remove(url).unwrap_or(0.0);
-            if resolve.contains(url)
-                || (state.x > 0.0 && (TELEPORT + state.a - state.x).abs() > EPSILON)
+            let now = &mut state.now;
+            now.a += pushes.remove(url).unwrap_or(0.0);
+            if resolve.contains(url) || (now.x > 0.0 && (TELEPORT + now.a - now.x).abs() > EPSILON)
             {
                 moving.push(url);
             }
@@ -244,59 +250,80 @@ async fn absorb(
             let before = state.out.clone().unwrap_or_default();
             let (page, out) = match resolved.get(url) {
                 Some((page, targets)) => (*page, Out { targets: targets.clone() }),
-                None => (state.x > 0.0, before.clone()),
+                None => (state.now.x > 0.0, before.clone()),
             };
             let x = match page {
                 false => 0.0,
-                true => TELEPORT + state.a,
+                true => TELEPORT + state.now.a,
             };
-            for (target, change) in changes((state.x, &before), (x, &out)) {
+            for (target, change) in changes((state.now.x, &before), (x, &out)) {
                 if model::rank_bucket(&target) == bucket {
                     *pushes.entry(target).or_default() += change;
                 } else {
                     *outbox.entry(target).or_default() += change;
                 }
             }
-            state.x = x;
+            state.now.x = x;
             state.out = Some(out);
         }
         resolve.clear();
     }
-    for (url, state) in states {
-        let row = model::rank_row(&url);
-        let (x, a, out) = &state.before;
-        // Unchecked: every transaction that writes a page's rank cells writes its bucket's
-        // mark, checked (a run, or settle's hold of it), and conflicts there.
-        if (state.x, state.a) != (*x, *a) {
-            let text = model::rank_text(state.x, state.a);
-            txn.set_unchecked(row.clone(), Bytes::from_static(col::RANK), text);
+    let mut shown = Vec::new();
+    for (url, mut state) in states {
+        let (before, out) = &state.before;
+        state.now.shown = shard::shown_after(state.now.x, before.shown);
+        shards.set(&state.slot, state.now);
+        if state.now.shown != before.shown {
+            shown.push((url.clone(), before.shown, state.now.shown));
         }
-        if search::band(state.x) != search::band(*x) {
-            search::queue(txn, &url);
-        }
-        tell_cluster(txn, &state.cluster, state.x != *x);
         if state.out.is_some() && state.out != *out {
             let raw = serde_json::to_vec(&state.out).expect("serializes");
-            txn.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
+            txn.set_unchecked(model::rank_row(&url), Bytes::from_static(col::RANK_OUT), raw);
         }
     }
+    // Unchecked: every transaction that writes rank cells writes its bucket's mark, checked
+    // (a run, or settle's hold of it), and conflicts there.
+    shards.write(txn);
+    show(txn, &shown).await?;
     Ok(outbox)
 }
 
-/// Reads `rank:rank` and `rank:cluster` of the pages of `due` not read yet.
+/// Reads the state of the pages of `due` not read yet, from their shards.
 async fn load_ranks(
     txn: &Transaction,
     due: &BTreeSet<String>,
+    shards: &mut Shards,
     states: &mut BTreeMap<String, State>,
 ) -> Result<(), IndexError> {
-    let new: Vec<&String> = due.iter().filter(|u| !states.contains_key(*u)).collect();
-    let keys =
-        model::cells_of(new.iter().map(|u| model::rank_row(u)), &[col::RANK, col::RANK_CLUSTER]);
-    let cells = txn.get_many(&keys).await?;
-    for (url, cells) in new.into_iter().zip(cells.chunks(2)) {
-        let ((x, a), _) = stored(url, &cells[0], &None)?;
-        let cluster = cells[1].clone();
-        states.insert(url.clone(), State { x, a, out: None, before: (x, a, None), cluster });
+    let new: Vec<(&String, Slot)> =
+        due.iter().filter(|u| !states.contains_key(*u)).map(|u| (u, Slot::of(u))).collect();
+    shards.load(txn, new.iter().map(|(_, slot)| slot)).await?;
+    for (url, slot) in new {
+        let now = shards.get(&slot);
+        states.insert(url.clone(), State { slot, now, out: None, before: (now, None) });
+    }
+    Ok(())
+}
+
+/// Writes the shown rank of each page of `shown` (URL, shown before, shown now) to its
+/// `k:` row, queues its search document when the rank left its band, and tells its cluster
+/// (the `rank:cluster` its row names, read here) that its rank moved.
+async fn show(txn: &mut Transaction, shown: &[(String, f64, f64)]) -> Result<(), IndexError> {
+    let keys: Vec<(Bytes, Bytes)> = shown
+        .iter()
+        .map(|(url, ..)| (model::rank_row(url), Bytes::from_static(col::RANK_CLUSTER)))
+        .collect();
+    let clusters = txn.get_many(&keys).await?;
+    for ((url, before, now), cluster) in shown.iter().zip(clusters) {
+        txn.set_unchecked(
+            model::rank_row(url),
+            Bytes::from_static(col::RANK),
+            model::rank_text(*now),
+        );
+        if search::band(*now) != search::band(*before) {
+            search::queue(txn, url);
+        }
+        tell_cluster(txn, &cluster, true);
     }
     Ok(())
 }
@@ -322,10 +349,10 @@ async fn load_outs(
     let keys: Vec<(Bytes, Bytes)> =
         new.iter().map(|u| (model::rank_row(u), Bytes::from_static(col::RANK_OUT))).collect();
     for (url, cell) in new.into_iter().zip(txn.get_many(&keys).await?) {
-        let (_, out) = stored(url, &None, &cell)?;
+        let out = out_of(url, &cell)?;
         let state = states.get_mut(url).expect("read");
         state.out = Some(out.clone());
-        state.before.2 = Some(out);
+        state.before.1 = Some(out);
     }
     Ok(())
 }
@@ -453,223 +480,6 @@ fn take_pushes(
         }
     }
     Ok(taken)
-}
-
-/// Defers the rank runs of the whole store until [`settle`]: a crawl's or a replay's pages
-/// are ranked once, at its end, instead of by ~35 rounds of pushes from nothing.
-pub async fn defer(client: &perc_txn::Client) -> Result<(), perc_txn::TxnError> {
-    client
-        .retrying(|c| async move {
-            let mut t = c.begin().await?;
-            t.set(
-                Bytes::from_static(model::CONFIG_ROW),
-                Bytes::from_static(col::RANK_DEFERRED),
-                Bytes::from_static(b"1"),
-            );
-            t.commit().await
-        })
-        .await
-        .map(drop)
-}
-
-/// Whether the rank runs are deferred ([`defer`]): a bulk load not settled yet.
-pub async fn deferred(client: &perc_txn::Client) -> Result<bool, perc_txn::TxnError> {
-    let t = client.begin().await?;
-    Ok(t.get(model::CONFIG_ROW, col::RANK_DEFERRED).await?.is_some())
-}
-
-/// Sets every page's rank from a power iteration over the graph at one snapshot, and what
-/// its sources push it (A) as the sum of their weights then, and resumes the runs. Push
-/// rows and words to resolve committed before the graph was read are taken with it (deleted
-/// by [`clear_settled`], and the bucket's mark moves past them: A holds their effect); the
-/// words written since are folded by the next run, which finds every residual within ε (or
-/// absorbs what changed since). A URL with rank cells that is no page of the snapshot has
-/// no rank and pushes nothing. Returns the pages set.
-pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
-    // Every row committed before this is in the graph read below.
-    let mark = client.begin().await?.start_ts().0;
-    let mut pages: Vec<String> = Vec::new();
-    crate::query::export_each(client, |l| {
-        pages.push(l.url);
-        Ok::<_, IndexError>(())
-    })
-    .await?;
-    let index: BTreeMap<&str, usize> =
-        pages.iter().enumerate().map(|(i, u)| (u.as_str(), i)).collect();
-    let mut out: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); pages.len()];
-    crate::query::links_each(client, |l| {
-        if let (Some(&from), Some(to)) =
-            (index.get(l.from.as_str()), l.target.as_deref().and_then(|t| index.get(t)))
-        {
-            if from != *to {
-                out[from].insert(*to);
-            }
-        }
-        Ok::<_, IndexError>(())
-    })
-    .await?;
-    let x = power_iteration(&out);
-    let mut a = vec![0.0f64; pages.len()];
-    for (q, targets) in out.iter().enumerate() {
-        for &t in targets {
-            a[t] += DAMPING * x[q] / targets.len() as f64;
-        }
-    }
-    // The ranks to write: every page's, and none for a URL ranked before that is no page now.
-    let mut rows: Vec<(String, f64, f64, Out)> = pages
-        .iter()
-        .enumerate()
-        .map(|(q, url)| {
-            let targets = out[q].iter().map(|&t| pages[t].clone()).collect();
-            (url.clone(), x[q], a[q], Out { targets })
-        })
-        .collect();
-    let ranked =
-        client.begin().await?.scan(rows::RANKS.start(), rows::RANKS.end(), col::RANK).await?;
-    for (row, _) in ranked {
-        if let Some(url) = rows::RANKS.key_of(&row).filter(|u| !index.contains_key(u)) {
-            rows.push((url.to_string(), 0.0, 0.0, Out::default()));
-        }
-    }
-    for chunk in rows.chunks(SETTLE_CHUNK) {
-        client.retrying(|c| async move { write_settled(&c, chunk).await }).await??;
-    }
-    clear_settled(client, mark).await?;
-    // Resumed: the buckets' marks moved past the pushes the ranks hold, and every bucket runs.
-    client
-        .retrying(|c| async move {
-            let mut t = c.begin().await?;
-            t.delete(Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::RANK_DEFERRED));
-            for b in 0..model::RANK_BUCKETS {
-                let head = model::rank_head(b);
-                let before = t.get(&head, col::RANK_FOLDED).await?;
-                let before = before.and_then(|m| std::str::from_utf8(&m).ok()?.parse::<u64>().ok());
-                let moved = before.unwrap_or(0).max(mark);
-                t.set(
-                    head.clone(),
-                    Bytes::from_static(col::RANK_FOLDED),
-                    Bytes::from(moved.to_string()),
-                );
-                t.notify(head, Bytes::from_static(col::RANK_DIRTY));
-            }
-            t.commit().await
-        })
-        .await?;
-    Ok(pages.len())
-}
-
-/// Rows [`clear_settled`] deletes a transaction.
-const CLEAR_CHUNK: usize = 4096;
-
-/// Deletes every push row and word to resolve committed before `mark` (the settled ranks
-/// hold what they say), in one pass over each bucket's rows and column, a chunk a
-/// transaction. Left to the runs, a load's rows (a word for each edge a source made:
-/// ~21 a page on the synthetic web) would be taken [`FOLD_MAX`] a run, each run walking
-/// every row left: at 100k pages, two million rows and a hundred runs.
-async fn clear_settled(client: &perc_txn::Client, mark: u64) -> Result<(), IndexError> {
-    for b in 0..model::RANK_BUCKETS {
-        let (start, end) = model::children(&rows::PUSHES, &format!("{b:02x}"));
-        for column in [col::PUSH, col::RESOLVE] {
-            let mut from = Some(start.clone());
-            while let Some(at) = from {
-                let (at, end) = (&at, &end);
-                from = client
-                    .retrying(|c| async move { clear_chunk(&c, b, (at, end), column, mark).await })
-                    .await?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// One transaction of [`clear_settled`]: deletes the rows of `bucket` with `column` in
-/// `range`, [`CLEAR_CHUNK`] at most, committed before `mark`; returns where the next
-/// chunk starts, if the range may hold more.
-async fn clear_chunk(
-    c: &perc_txn::Client,
-    bucket: u8,
-    (from, end): (&[u8], &[u8]),
-    column: &'static [u8],
-    mark: u64,
-) -> Result<Option<Vec<u8>>, perc_txn::TxnError> {
-    let mut t = c.begin().await?;
-    let found = t
-        .scan_each_found(&[RangeScan::new(from, end, column).first(CLEAR_CHUNK)])
-        .await?
-        .pop()
-        .unwrap_or_default();
-    let next = (found.len() >= CLEAR_CHUNK)
-        .then(|| found.last().map(|f| [&f.row[..], b"\0"].concat()))
-        .flatten();
-    for f in found.into_iter().filter(|f| f.commit_ts.0 < mark) {
-        t.delete_at_commit(f.row, column);
-    }
-    // A transaction with a write applies its deletes.
-    hold_mark(&mut t, bucket).await?;
-    t.commit().await?;
-    Ok(next)
-}
-
-/// PageRank by power iteration over `out` (each page's targets), to a change below 1e-12.
-fn power_iteration(out: &[BTreeSet<usize>]) -> Vec<f64> {
-    let mut x = vec![1.0f64; out.len()];
-    for _ in 0..1000 {
-        let mut next = vec![TELEPORT; out.len()];
-        for (q, targets) in out.iter().enumerate() {
-            if !targets.is_empty() {
-                let w = DAMPING * x[q] / targets.len() as f64;
-                for &t in targets {
-                    next[t] += w;
-                }
-            }
-        }
-        let moved = x.iter().zip(&next).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-        x = next;
-        if moved < 1e-12 {
-            break;
-        }
-    }
-    x
-}
-
-/// Writes the settled rank cells of `chunk` (URL, x, A, out-set) that differ from the
-/// stored ones, in one transaction.
-async fn write_settled(
-    c: &perc_txn::Client,
-    chunk: &[(String, f64, f64, Out)],
-) -> Result<Result<(), IndexError>, perc_txn::TxnError> {
-    let mut t = c.begin().await?;
-    let keys = model::cells_of(
-        chunk.iter().map(|(url, ..)| model::rank_row(url)),
-        &[col::RANK, col::RANK_OUT, col::RANK_CLUSTER],
-    );
-    let cells = t.get_many(&keys).await?;
-    let mut buckets = BTreeSet::new();
-    for ((url, x, a, out), cells) in chunk.iter().zip(cells.chunks(3)) {
-        let ((x_before, a_before), out_before) = match stored(url, &cells[0], &cells[1]) {
-            Ok(before) => before,
-            Err(e) => return Ok(Err(e)),
-        };
-        let close = |v: f64, w: f64| (v - w).abs() <= SETTLED * v.abs().max(1.0);
-        if *out == out_before && close(*x, x_before) && close(*a, a_before) {
-            // Settled already (a load that changed little): left as it is.
-            continue;
-        }
-        let row = model::rank_row(url);
-        t.set_unchecked(row.clone(), Bytes::from_static(col::RANK), model::rank_text(*x, *a));
-        if search::band(*x) != search::band(x_before) {
-            search::queue(&mut t, url);
-        }
-        tell_cluster(&mut t, &cells[2], !close(*x, x_before));
-        let raw = serde_json::to_vec(out).expect("serializes");
-        t.set_unchecked(row, Bytes::from_static(col::RANK_OUT), raw);
-        buckets.insert(model::rank_bucket(url));
-    }
-    // The cells are written unchecked, as a run writes them.
-    for b in buckets {
-        hold_mark(&mut t, b).await?;
-    }
-    t.commit().await.map(|_| Ok(()))
 }
 
 /// Rewrites the mark of `bucket` as it is, in `txn`: every transaction that writes rank
