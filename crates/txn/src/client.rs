@@ -265,6 +265,7 @@ impl Client {
             weak_if: BTreeMap::new(),
             after_commit: Vec::new(),
             deletes_at_commit: Vec::new(),
+            collect_soon: Vec::new(),
             reads: Mutex::new(HashMap::new()),
         })
     }

@@ -74,6 +74,7 @@ impl Transaction {
         let weak_if = std::mem::take(&mut self.weak_if);
         let after_commit = std::mem::take(&mut self.after_commit);
         let deletes_at_commit = std::mem::take(&mut self.deletes_at_commit);
+        let collect_soon = std::mem::take(&mut self.collect_soon);
         let client = self.client.clone();
         let store = client.store().as_ref();
         let start_ts = self.start_ts;
@@ -170,14 +171,16 @@ impl Transaction {
         let deletes = actions::delete_records(&deletes_at_commit, start_ts, commit_ts);
         let after_commit = [older_notifications, after_commit, deletes].concat();
         actions::commit_secondaries(store, &commit_rows, start_ts, commit_ts, after_commit).await?;
-        // The rows this commit left with only deletes, for the prompt collection.
+        // The rows this commit left with only deletes, and those it was asked to, for the
+        // prompt collection.
         let only_deletes =
             |cells: &[CellWrite]| cells.iter().all(|c| c.kind() == WriteKind::Delete);
         let emptied = std::iter::once((&primary_row, primary_cells.as_slice()))
             .chain(secondaries.iter().map(|(row, cells)| (row, cells.as_slice())))
             .filter(|(_, cells)| only_deletes(cells))
             .map(|(row, _)| row.clone())
-            .chain(deletes_at_commit.into_iter().map(|(row, _)| row));
+            .chain(deletes_at_commit.into_iter().map(|(row, _)| row))
+            .chain(collect_soon);
         client.note_deleted(commit_ts, emptied);
         Ok(Outcome::Committed(Some(commit_ts)))
     }

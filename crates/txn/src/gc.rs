@@ -20,7 +20,8 @@
 //! Registry rows of workers dead for ten liveness TTLs are removed.
 //!
 //! Besides the pass over the whole store, a prompt collection ([`collect_deleted`]) cleans the
-//! rows the client's own commits emptied, as soon as the safe point passes their delete.
+//! rows the client's own commits emptied (or were asked to), as soon as the safe point passes
+//! their commit.
 
 use crate::{actions, Client, TxnError, WriteKind, WriteRecord};
 use bytes::Bytes;
@@ -87,8 +88,9 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
     Ok(report)
 }
 
-/// The prompt collection: the rows this client's commits emptied (only deletes), whose deletes
-/// the safe point has passed, cleaned row by row, `batch` rows a read. Rows deleted to be gone
+/// The prompt collection: the rows this client's commits emptied (only deletes) or were asked
+/// to ([`crate::Transaction::collect_soon`]), whose commits the safe point has passed,
+/// cleaned row by row, `batch` rows a read. Rows deleted to be gone
 /// (a stage's change rows, taken and deleted by its next run) so leave the store seconds
 /// after their delete, where the pass over the whole store would find them only after it
 /// went round (minutes, on a big store): until then each is a key sled keeps a record of.

@@ -36,6 +36,8 @@ pub struct Transaction {
     pub(crate) after_commit: Vec<RowMutation>,
     /// Cells deleted at commit without a lock (see [`Self::delete_at_commit`]).
     pub(crate) deletes_at_commit: Vec<(Bytes, Bytes)>,
+    /// Rows for the prompt collection once this commits (see [`Self::collect_soon`]).
+    pub(crate) collect_soon: Vec<Bytes>,
     /// Snapshot reads already resolved. A snapshot never changes once its locks are
     /// resolved, so each cell is read from the store at most once per transaction.
     pub(crate) reads: Mutex<HashMap<(Bytes, Bytes), Option<Version>>>,
@@ -72,6 +74,14 @@ impl Transaction {
         value: impl Into<Bytes>,
     ) {
         self.buffer((row.into(), column.into()), Some(value.into()), false);
+    }
+
+    /// Asks the prompt collection (see [`crate::gc::collect_deleted`]) to clean the older
+    /// versions of `row`, which this transaction rewrites, as soon as no reader can see them,
+    /// once it has committed: for a row rewritten many times a second, whose old versions
+    /// would otherwise be bytes each rewrite writes again, until the next pass over the store.
+    pub fn collect_soon(&mut self, row: impl Into<Bytes>) {
+        self.collect_soon.push(row.into());
     }
 
     /// Buffers a delete of `(row, column)`.

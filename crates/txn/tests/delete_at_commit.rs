@@ -137,6 +137,33 @@ fn the_prompt_collection_removes_emptied_rows_once_no_reader_can_see_them() {
     });
 }
 
+#[test]
+fn the_prompt_collection_takes_the_old_versions_of_a_row_asked_for() {
+    rt().block_on(async {
+        let (counted, c) = common::counted_client().await;
+        let store: &dyn Store = counted.as_ref();
+        c.collect_promptly(true);
+        for i in 0..4 {
+            let mut t = c.begin().await.unwrap();
+            t.set_unchecked("hot", "v", format!("{i}"));
+            t.set_unchecked("cold", "v", format!("{i}"));
+            t.set("mark", "m", format!("{i}"));
+            t.collect_soon(Bytes::from("hot"));
+            t.commit().await.unwrap().unwrap();
+        }
+        let versions = |row: &'static str| async move {
+            let cells = store.scan(&Scan::whole("data", usize::MAX)).await.unwrap();
+            cells.iter().filter(|c| c.row == row.as_bytes()).count()
+        };
+        assert_eq!((versions("hot").await, versions("cold").await), (4, 4));
+        gc::collect_deleted(&c, 64).await.unwrap();
+        // The newest version alone is left of the row asked for; the other keeps its four.
+        assert_eq!((versions("hot").await, versions("cold").await), (1, 4));
+        let t = c.begin().await.unwrap();
+        assert_eq!(t.get(b"hot", b"v").await.unwrap().as_deref(), Some(&b"3"[..]));
+    });
+}
+
 /// A client whose queue holds one row, `q:0`.
 async fn with_a_row_queued() -> perc_txn::Client {
     let (_, c) = common::counted_client().await;

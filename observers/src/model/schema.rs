@@ -44,14 +44,18 @@
 //!                                       again; one row per writing      at its commit);
 //!                                       transaction                     <ts>: the writer's
 //!                                                                       start_ts
-//!   k:<url>                rank:rank    "<x> <a>": the page's PageRank  rank
-//!                                       and the pushes folded into it
+//!   k:<url>                rank:rank    "<x>": the page's PageRank as   rank
+//!                                       shown (near its state's x,
+//!                                       see rank::shard::leeway)
 //!                          rank:out     {targets}: what its pushes go   rank
 //!                                       to
 //!                          rank:cluster the hash of its cluster, when   cluster (by
 //!                                       that has more than one member   PageRank only)
 //!                                       and chooses by PageRank: whom
 //!                                       a move of its rank concerns
+//!   h:<bucket><shard>      rank:state   x, A and the rank shown of the  rank
+//!                                       shard's pages (binary, see
+//!                                       rank::shard)
 //!   g:<bucket>             rank:dirty   notify: the bucket's pushes     parse, indegree,
 //!                                                                       rank
 //!                          rank:folded  every push row of the bucket    rank
@@ -273,6 +277,10 @@ pub const RANK_BUCKETS: u8 = 1;
 
 /// The rank bucket of `url`.
 pub fn rank_bucket(url: &str) -> u8 {
+    if RANK_BUCKETS == 1 {
+        // Asked for each push: no hash when there is one bucket.
+        return 0;
+    }
     rank_bucket_of(blake3::hash(url.as_bytes()).as_bytes()[0])
 }
 

@@ -8,7 +8,8 @@
 //! changes, each target gets the difference of what q pushes it. At quiescence every push
 //! is folded (A(p) = Σ w(q) over its sources) and |ρ(p)| ≤ [`EPSILON`] for every page, so
 //! x − x̂ = (I − 0.85 M)⁻¹ ρ, and |x − x̂| ≤ (ε / 0.15) · x: with ε = 1e-4, within 0.00067 · x
-//! of the exact rank, inside the bound of max(0.001, 0.001 · x).
+//! of the exact rank, inside the bound of max(0.001, 0.001 · x) (the rank shown, below, is
+//! off by at most what is left of it).
 //!
 //! Pushes are combined as Fluo's CombineQueue combines updates: they are rows of the
 //! target's bucket (`g:<bucket>\0<target>\0<ts>`, one per writing transaction and target,
@@ -17,8 +18,13 @@
 //! passes ε absorb it (x += ρ) and push on, in memory, round after round, folding the pushes
 //! to pages of its bucket in the same transaction (Gauss–Seidel) and writing those to other
 //! buckets as rows; past [`PAGES_MAX`] pages or [`READS_MAX`] rounds that read, what is
-//! left goes back to its bucket's rows. The cells live in a row of their own per page,
-//! `k:<url>`.
+//! left goes back to its bucket's rows.
+//!
+//! A page's state (x, A) lives in its shard's row with 1/256 of the bucket's pages
+//! ([`shard`]): an update moves the A of thousands of pages, and a run writes a few hundred
+//! rows for them. What the export, the cluster and search read is the rank shown, in the
+//! page's `k:` row (`rank:rank`) with its out-set (`rank:out`): it follows x when x leaves it
+//! by more than the bound leaves room for ([`shard::leeway`]).
 //!
 //! - Trigger: `rank:dirty` of the bucket's head row `g:<bucket>` (weak), set with every
 //!   push row and every word to resolve a page's out-set again (`rank:resolve`): parse
@@ -28,15 +34,17 @@
 //!   the run, after that commit); indegree, for the sources whose links to an alias resolve
 //!   elsewhere, or to a URL that became a page.
 //! - Reads: the bucket's rows (at most [`FOLD_MAX`]; the rest by a run it asks for), the
-//!   rank cells (and `rank:cluster`) of the pages they name and those its pushes reach, and
+//!   shards of the pages they name and those its pushes reach, `rank:out` of those that
+//!   move, `rank:cluster` of those whose rank shown moves, and
 //!   for a page to resolve,
 //!   `page:meta`, `page:links` and what the links count for: a page, or the page an alias's
 //!   chain ends at (`indeg:alias_of`), as the in-degree counts them
 //!   ([`model::pages_counted_for`]). A URL that is not a page has no rank and pushes nothing.
-//! - Writes: the rank cells that changed, push rows to other buckets, its mark; a search
-//!   queue row for a page whose rank left its band ([`search::band`]).
-//! - Notifies: the cluster of a page whose rank moved, when its `rank:cluster` names one (a
-//!   cluster of more than one member that chooses its canonical by PageRank).
+//! - Writes: the shards that changed, the ranks shown and out-sets that changed, push rows
+//!   to other buckets, its mark; a search queue row for a page whose rank shown left its band
+//!   ([`search::band`]).
+//! - Notifies: the cluster of a page whose rank shown moved, when its `rank:cluster` names
+//!   one (a cluster of more than one member that chooses its canonical by PageRank).
 //! - Takes its rows by a mark, as indegree takes its change rows (`rank:folded`).
 //! - Twice is harmless: a run with nothing to fold writes nothing.
 //! - A crawl or a replay defers the runs (`m:config rank:deferred`) and [`settle`]s at its
@@ -247,16 +255,17 @@ async fn absorb(
         let resolved = out_sets(txn, &resolve).await?;
         for url in moving {
             let state = states.get_mut(url).expect("read");
-            let before = state.out.clone().unwrap_or_default();
-            let (page, out) = match resolved.get(url) {
-                Some((page, targets)) => (*page, Out { targets: targets.clone() }),
-                None => (state.now.x > 0.0, before.clone()),
+            let before = state.out.take().unwrap_or_default();
+            let (page, resolved) = match resolved.get(url) {
+                Some((page, targets)) => (*page, Some(Out { targets: targets.clone() })),
+                None => (state.now.x > 0.0, None),
             };
             let x = match page {
                 false => 0.0,
                 true => TELEPORT + state.now.a,
             };
-            for (target, change) in changes((state.now.x, &before), (x, &out)) {
+            let out = resolved.as_ref().unwrap_or(&before);
+            for (target, change) in changes((state.now.x, &before), (x, out)) {
                 if model::rank_bucket(&target) == bucket {
                     *pushes.entry(target).or_default() += change;
                 } else {
@@ -264,7 +273,7 @@ async fn absorb(
                 }
             }
             state.now.x = x;
-            state.out = Some(out);
+            state.out = Some(resolved.unwrap_or(before));
         }
         resolve.clear();
     }
@@ -500,6 +509,14 @@ pub async fn hold_mark(txn: &mut Transaction, bucket: u8) -> Result<(), perc_txn
 /// the same source `now`, for each target whose weight differs.
 fn changes(before: (f64, &Out), now: (f64, &Out)) -> Vec<(String, f64)> {
     let (w_before, w_now) = (weight(before.0, before.1), weight(now.0, now.1));
+    if before.1 == now.1 {
+        // The same targets (a move of x alone, the common case): one change for all.
+        let change = w_now - w_before;
+        return match change != 0.0 {
+            true => now.1.targets.iter().map(|t| (t.clone(), change)).collect(),
+            false => Vec::new(),
+        };
+    }
     let old: BTreeSet<&String> = before.1.targets.iter().collect();
     let new: BTreeSet<&String> = now.1.targets.iter().collect();
     old.union(&new)

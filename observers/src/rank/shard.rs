@@ -3,9 +3,9 @@
 //!
 //! A page's state is its rank x, what its sources pushed it, A, and the rank shown: the one
 //! its `k:` row holds (`rank:rank`), which the export, the cluster and search read. Every
-//! absorb moves x; the shown rank follows only when x leaves it by more than [`SHOWN`] of
-//! itself (see [`shown_after`]), so an update that moves the ranks of thousands of pages
-//! by a hair writes the `k:` rows of the few that moved visibly.
+//! absorb moves x; the shown rank follows only when x leaves it by more than the bound
+//! allows (see [`leeway`]), so an update that moves the ranks of thousands of pages by a
+//! hair writes the `k:` rows of the few that moved visibly.
 //!
 //! The row of a shard is `h:<bucket><shard>` (hex bytes; the shard is the second byte of
 //! the URL's blake3, the bucket is picked by the first), its cell `rank:state`: a format
@@ -21,17 +21,25 @@ use perc_txn::Transaction;
 use crate::model::{self, col};
 use crate::IndexError;
 
-/// How far x may leave the shown rank, as a share of x, before the shown rank follows it.
-/// With ε = 1e-4 the rank is within (ε / 0.15) · x̂ ≤ 0.000667 · x̂ of the exact one x̂, and
-/// the shown one within 0.0003 · x more: 0.00097 · x̂ in all, inside the bound of
-/// max(0.001, 0.001 · x̂).
+/// How far x may leave the shown rank, as a share of x, before the shown rank follows it,
+/// for a rank past about 1 (see [`leeway`]).
 pub const SHOWN: f64 = 3e-4;
 
+/// How far x may leave the shown rank before the shown rank follows it: the bound less what
+/// x itself may be off. x is within e · x̂ of the exact rank x̂, e = ε / 0.15 = 0.000667
+/// (so e · x̂ < 0.00067 · x); the shown rank is within the leeway more. Past a rank of about
+/// 1 that is [`SHOWN`] of x, for 0.00097 · x̂ in all, inside the bound's 0.001 · x̂; below,
+/// 0.00099 − 0.00067 · x, for 0.00099 in all, inside the bound's 0.001: a page of rank 0.15
+/// (linked from nowhere) shows a move of 0.0009, not one of 0.000045.
+pub fn leeway(x: f64) -> f64 {
+    (SHOWN * x.abs()).max(0.00099 - 0.00067 * x.abs())
+}
+
 /// The shown rank after a run leaves a page's rank at `x`: `x` when it left `shown` by more
-/// than [`SHOWN`] of itself (always when one of them is zero and the other is not), `shown`
-/// otherwise.
+/// than the [`leeway`], or when one of them is zero and the other is not (a page that
+/// became or stopped being one); `shown` otherwise.
 pub fn shown_after(x: f64, shown: f64) -> f64 {
-    if (x - shown).abs() > SHOWN * x.abs() {
+    if (x - shown).abs() > leeway(x) || (x == 0.0) != (shown == 0.0) {
         x
     } else {
         shown
@@ -141,7 +149,9 @@ impl Shards {
     pub fn write(self, txn: &mut Transaction) {
         for row in self.changed {
             let value = encode(&self.read[&row]);
-            txn.set_unchecked(row, Bytes::from_static(col::RANK_STATE), value);
+            txn.set_unchecked(row.clone(), Bytes::from_static(col::RANK_STATE), value);
+            // Rewritten by most runs: its old versions are collected soon after.
+            txn.collect_soon(row);
         }
     }
 }
@@ -221,10 +231,27 @@ mod tests {
 
     #[test]
     fn the_shown_rank_follows_only_a_visible_move() {
-        assert_eq!(shown_after(1.0002, 1.0), 1.0);
-        assert_eq!(shown_after(1.0004, 1.0), 1.0004);
+        assert_eq!(shown_after(2.0005, 2.0), 2.0);
+        assert_eq!(shown_after(2.0007, 2.0), 2.0007);
+        assert_eq!(shown_after(0.1508, 0.15), 0.15);
+        assert_eq!(shown_after(0.1510, 0.15), 0.1510);
         assert_eq!(shown_after(0.0, 0.5), 0.0);
         assert_eq!(shown_after(0.15, 0.0), 0.15);
         assert_eq!(shown_after(0.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn the_shown_rank_stays_within_the_bound() {
+        // x within e · x̂ of x̂ either way, the shown rank within the leeway of x.
+        let e = super::super::EPSILON / super::super::TELEPORT;
+        for i in 0..=4000 {
+            let exact = 0.15 + i as f64 * 0.005;
+            for x in [exact * (1.0 - e), exact * (1.0 + e)] {
+                for shown in [x - leeway(x), x + leeway(x)] {
+                    let off = (shown - exact).abs();
+                    assert!(off <= super::super::bound(exact), "{exact} {x} {shown}: {off}");
+                }
+            }
+        }
     }
 }
