@@ -2,8 +2,8 @@
 //!
 //! The graph is the in-degree's: q → p for each distinct pair of pages where q links to p or
 //! to an alias of p (q ≠ p); PR(p) = 0.15 + 0.85 · Σ PR(q) / outdeg(q). Each page keeps an
-//! estimate x(p) and A(p), the sum of what its sources pushed to it (`rank:rank` holds
-//! both); its residual is ρ(p) = 0.15 + A(p) − x(p). A source q pushes w(q) = 0.85 · x(q) /
+//! estimate x(p) and A(p), the sum of what its sources pushed to it (its shard holds both,
+//! below); its residual is ρ(p) = 0.15 + A(p) − x(p). A source q pushes w(q) = 0.85 · x(q) /
 //! |S(q)| to each page of its out-set S(q) (`rank:out`), as changes: when x(q) or S(q)
 //! changes, each target gets the difference of what q pushes it. At quiescence every push
 //! is folded (A(p) = Σ w(q) over its sources) and |ρ(p)| ≤ [`EPSILON`] for every page, so
@@ -20,9 +20,9 @@
 //! buckets as rows; past [`PAGES_MAX`] pages or [`READS_MAX`] rounds that read, what is
 //! left goes back to its bucket's rows.
 //!
-//! A page's state (x, A) lives in its shard's row with 1/256 of the bucket's pages
-//! ([`shard`]): an update moves the A of thousands of pages, and a run writes a few hundred
-//! rows for them. What the export, the cluster and search read is the rank shown, in the
+//! A page's state (x, A) lives in its shard's row with 1/64 of the bucket's pages
+//! ([`shard`]): an update moves the A of thousands of pages, and a run writes 64 rows for
+//! them. What the export, the cluster and search read is the rank shown, in the
 //! page's `k:` row (`rank:rank`) with its out-set (`rank:out`): it follows x when x leaves it
 //! by more than the bound leaves room for ([`shard::leeway`]).
 //!
@@ -154,8 +154,10 @@ fn out_of(url: &str, out: &Option<Bytes>) -> Result<Out, IndexError> {
 struct State {
     slot: Slot,
     now: Entry,
+    before: Entry,
     out: Option<Out>,
-    before: (Entry, Option<Out>),
+    /// Whether the run resolved its out-set to another one than it read.
+    out_changed: bool,
 }
 
 /// The stage, as a run of rank on a bucket's head row `row`.
@@ -265,6 +267,7 @@ async fn absorb(
                 true => TELEPORT + state.now.a,
             };
             let out = resolved.as_ref().unwrap_or(&before);
+            state.out_changed |= resolved.as_ref().is_some_and(|r| *r != before);
             for (target, change) in changes((state.now.x, &before), (x, out)) {
                 if model::rank_bucket(&target) == bucket {
                     *pushes.entry(target).or_default() += change;
@@ -279,13 +282,13 @@ async fn absorb(
     }
     let mut shown = Vec::new();
     for (url, mut state) in states {
-        let (before, out) = &state.before;
+        let before = &state.before;
         state.now.shown = shard::shown_after(state.now.x, before.shown);
         shards.set(&state.slot, state.now);
         if state.now.shown != before.shown {
             shown.push((url.clone(), before.shown, state.now.shown));
         }
-        if state.out.is_some() && state.out != *out {
+        if state.out_changed {
             let raw = serde_json::to_vec(&state.out).expect("serializes");
             txn.set_unchecked(model::rank_row(&url), Bytes::from_static(col::RANK_OUT), raw);
         }
@@ -309,7 +312,7 @@ async fn load_ranks(
     shards.load(txn, new.iter().map(|(_, slot)| slot)).await?;
     for (url, slot) in new {
         let now = shards.get(&slot);
-        states.insert(url.clone(), State { slot, now, out: None, before: (now, None) });
+        states.insert(url.clone(), State { slot, now, before: now, out: None, out_changed: false });
     }
     Ok(())
 }
@@ -358,10 +361,7 @@ async fn load_outs(
     let keys: Vec<(Bytes, Bytes)> =
         new.iter().map(|u| (model::rank_row(u), Bytes::from_static(col::RANK_OUT))).collect();
     for (url, cell) in new.into_iter().zip(txn.get_many(&keys).await?) {
-        let out = out_of(url, &cell)?;
-        let state = states.get_mut(url).expect("read");
-        state.out = Some(out.clone());
-        state.before.1 = Some(out);
+        states.get_mut(url).expect("read").out = Some(out_of(url, &cell)?);
     }
     Ok(())
 }
