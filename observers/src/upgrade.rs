@@ -27,7 +27,7 @@ use bytes::Bytes;
 use perc_txn::Client;
 
 use crate::model::{self, col, rows};
-use crate::rank::shard::{Entry, Shards, Slot};
+use crate::rank::shard::{Entry, Shards, Slot, SHARDS_A_TXN};
 use crate::IndexError;
 
 /// The layout this perc reads and writes.
@@ -176,9 +176,6 @@ async fn move_batch(
     t.commit().await?;
     Ok((batch.len(), batch.last().map(|(row, _)| row.clone()), served))
 }
-
-/// Shards [`ranks_to_shards`] writes a transaction.
-const SHARDS_A_TXN: usize = 16;
 
 /// Copies the rank of every `k:` row of layout 3 (`<x> <a>`) into its shard (layout 4) where
 /// the shard holds none for it: done again, the same. A `k:` row holding a rank alone is of

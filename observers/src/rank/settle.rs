@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 use perc_txn::RangeScan;
 
-use super::shard::{Entry, Whole};
+use super::shard::{Entry, Whole, SHARDS_A_TXN};
 use super::{hold_mark, out_of, shown, tell_cluster, Out, DAMPING, TELEPORT};
 use crate::model::{self, col, rows};
 use crate::search;
@@ -17,9 +17,6 @@ const SETTLED: f64 = 1e-9;
 
 /// Pages [`settle`] writes a transaction.
 const SETTLE_CHUNK: usize = 256;
-
-/// Shards [`settle`] writes a transaction.
-const SHARDS_A_TXN: usize = 16;
 
 /// Defers the rank runs of the whole store until [`settle`]: a crawl's or a replay's pages
 /// are ranked once, at its end, instead of by ~35 rounds of pushes from nothing.

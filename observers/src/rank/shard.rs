@@ -53,6 +53,9 @@ pub fn shown_after(x: f64, shown: f64) -> f64 {
 /// the whole state's, 40 a page.
 pub const SHARDS: u16 = 64;
 
+/// Shards written whole a transaction (settle, an upgrade).
+pub const SHARDS_A_TXN: usize = 16;
+
 /// The format byte of a shard's cell.
 const FORMAT: u8 = 1;
 const KEY: usize = 16;
