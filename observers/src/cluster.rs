@@ -312,7 +312,7 @@ pub enum CanonicalBy {
 
 impl CanonicalBy {
     /// The rule `cluster:by` holds: absent is by in-degree.
-    fn stored(cell: Option<&Bytes>) -> Result<CanonicalBy, IndexError> {
+    pub(crate) fn stored(cell: Option<&Bytes>) -> Result<CanonicalBy, IndexError> {
         match cell.map(|c| &c[..]) {
             None => Ok(CanonicalBy::InDegree),
             Some(b"pagerank") => Ok(CanonicalBy::PageRank),

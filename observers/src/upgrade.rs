@@ -208,9 +208,7 @@ async fn ranks_to_shards(client: &Client) -> Result<(), IndexError> {
                     }
                 }
                 shards.write(&mut t);
-                for b in 0..model::RANK_BUCKETS {
-                    crate::rank::hold_mark(&mut t, b).await?;
-                }
+                crate::rank::hold_every_mark(&mut t).await?;
                 t.commit().await.map_err(IndexError::from)
             })
             .await?;

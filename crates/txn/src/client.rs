@@ -50,26 +50,28 @@ pub(crate) struct Inner {
     pub(crate) active: Mutex<BTreeMap<Ts, usize>>,
     pub(crate) last_seen_ts: AtomicU64,
     pub(crate) rng: Mutex<SmallRng>,
-    /// Rows this client's commits left with nothing but deletes, for the prompt collection
-    /// ([`crate::gc::collect_deleted`]).
-    pub(crate) deleted: Mutex<Deleted>,
+    /// Rows this client's commits left with nothing but deletes, or asked to have collected,
+    /// for the prompt collection ([`crate::gc::collect_deleted`]).
+    pub(crate) to_collect: Mutex<ToCollect>,
 }
 
-/// Rows whose newest writes are deletes, each with the commit timestamp of the transaction
-/// that deleted it, in commit order: the prompt collection removes a row once the safe point
-/// has passed it, so that rows written to be taken and deleted (a stage's change rows, a
-/// queue) leave the store within seconds, not at the next pass over the whole store.
+/// Rows whose newest writes are deletes, or that a commit asked to have collected
+/// ([`crate::Transaction::collect_soon`]), each with the commit timestamp of that
+/// transaction, in commit order: the prompt collection cleans a row once the safe point has
+/// passed it, so that rows written to be taken and deleted (a stage's change rows, a queue)
+/// leave the store within seconds, and a row rewritten many times a second carries few old
+/// versions, not all of them until the next pass over the whole store.
 #[derive(Default)]
-pub(crate) struct Deleted {
+pub(crate) struct ToCollect {
     /// Whether a collector takes them ([`Client::collect_promptly`]): a client without one
     /// remembers nothing.
     on: bool,
     rows: VecDeque<(Ts, Bytes)>,
 }
 
-/// The most rows [`Deleted`] holds: past it, rows are left to the full pass (the queue bounds
+/// The most rows [`ToCollect`] holds: past it, rows are left to the full pass (the queue bounds
 /// its memory, ~100 bytes a row, when the collector falls behind).
-const DELETED_MAX: usize = 1 << 18;
+const TO_COLLECT_MAX: usize = 1 << 18;
 
 impl Client {
     /// Registers a new client (its id is a fresh oracle timestamp, so unique) and returns its
@@ -115,7 +117,7 @@ impl Client {
                 active: Mutex::new(BTreeMap::new()),
                 last_seen_ts: AtomicU64::new(first.0),
                 rng: Mutex::new(rng),
-                deleted: Mutex::new(Deleted::default()),
+                to_collect: Mutex::new(ToCollect::default()),
             }),
         })
     }
@@ -143,35 +145,35 @@ impl Client {
     /// Whether this client's commits remember the rows they empty, for a collector that calls
     /// [`crate::gc::collect_deleted`] with it (off by default; off again, it forgets them).
     pub fn collect_promptly(&self, on: bool) {
-        let mut deleted = self.inner.deleted.lock().unwrap_or_else(|e| e.into_inner());
-        deleted.on = on;
+        let mut to_collect = self.inner.to_collect.lock().unwrap_or_else(|e| e.into_inner());
+        to_collect.on = on;
         if !on {
-            deleted.rows.clear();
+            to_collect.rows.clear();
         }
     }
 
-    /// Remembers `rows`, emptied by deletes that committed at `commit_ts`, for the prompt
-    /// collection (as many as fit), if it is on.
-    pub(crate) fn note_deleted(&self, commit_ts: Ts, rows: impl IntoIterator<Item = Bytes>) {
-        let mut deleted = self.inner.deleted.lock().unwrap_or_else(|e| e.into_inner());
-        if !deleted.on {
+    /// Remembers `rows`, emptied by deletes that committed at `commit_ts` or asked for by
+    /// that commit, for the prompt collection (as many as fit), if it is on.
+    pub(crate) fn note_to_collect(&self, commit_ts: Ts, rows: impl IntoIterator<Item = Bytes>) {
+        let mut to_collect = self.inner.to_collect.lock().unwrap_or_else(|e| e.into_inner());
+        if !to_collect.on {
             return;
         }
         for row in rows {
-            if deleted.rows.len() >= DELETED_MAX {
+            if to_collect.rows.len() >= TO_COLLECT_MAX {
                 return;
             }
-            deleted.rows.push_back((commit_ts, row));
+            to_collect.rows.push_back((commit_ts, row));
         }
     }
 
-    /// Takes the remembered rows deleted at or before `point` (a safe point), in commit order.
+    /// Takes the remembered rows committed at or before `point` (a safe point), in commit order.
     /// Rows from commits that finished out of timestamp order wait behind a later one.
-    pub(crate) fn take_deleted(&self, point: Ts) -> Vec<Bytes> {
-        let mut deleted = self.inner.deleted.lock().unwrap_or_else(|e| e.into_inner());
+    pub(crate) fn take_to_collect(&self, point: Ts) -> Vec<Bytes> {
+        let mut to_collect = self.inner.to_collect.lock().unwrap_or_else(|e| e.into_inner());
         let mut taken = Vec::new();
-        while deleted.rows.front().is_some_and(|(ts, _)| *ts <= point) {
-            taken.extend(deleted.rows.pop_front().map(|(_, row)| row));
+        while to_collect.rows.front().is_some_and(|(ts, _)| *ts <= point) {
+            taken.extend(to_collect.rows.pop_front().map(|(_, row)| row));
         }
         taken
     }

@@ -181,7 +181,7 @@ impl Transaction {
             .map(|(row, _)| row.clone())
             .chain(deletes_at_commit.into_iter().map(|(row, _)| row))
             .chain(collect_soon);
-        client.note_deleted(commit_ts, emptied);
+        client.note_to_collect(commit_ts, emptied);
         Ok(Outcome::Committed(Some(commit_ts)))
     }
 }

@@ -97,7 +97,7 @@ pub async fn collect(client: &Client, batch: usize) -> Result<GcReport, TxnError
 pub async fn collect_deleted(client: &Client, batch: usize) -> Result<GcReport, TxnError> {
     let g = safe_point(client).await?;
     let mut report = GcReport { safe_point: g, ..GcReport::default() };
-    let mut rows = client.take_deleted(g);
+    let mut rows = client.take_to_collect(g);
     rows.sort();
     rows.dedup();
     for chunk in rows.chunks(batch.max(1)) {

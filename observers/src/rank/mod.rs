@@ -33,9 +33,10 @@
 //!   rows into it and the `x:` rows of those that reach it through aliases, enumerated in
 //!   the run, after that commit); indegree, for the sources whose links to an alias resolve
 //!   elsewhere, or to a URL that became a page.
-//! - Reads: the bucket's rows (at most [`FOLD_MAX`]; the rest by a run it asks for), the
-//!   shards of the pages they name and those its pushes reach, `rank:out` of those that
-//!   move, `rank:cluster` of those whose rank shown moves, and
+//! - Reads: the store's canonical rule, the bucket's rows (at most [`FOLD_MAX`]; the rest by
+//!   a run it asks for), the shards of the pages they name and those its pushes reach,
+//!   `rank:out` of those that move, `rank:cluster` of those whose rank shown moves (with
+//!   the rule by PageRank), and
 //!   for a page to resolve,
 //!   `page:meta`, `page:links` and what the links count for: a page, or the page an alias's
 //!   chain ends at (`indeg:alias_of`), as the in-degree counts them
@@ -58,6 +59,7 @@ use perc_notify::{Observer, ObserverError};
 use perc_txn::{Found, RangeScan, Transaction};
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::CanonicalBy;
 use crate::model::{self, col, rows, Meta, PageKind};
 use crate::search;
 use crate::IndexError;
@@ -166,13 +168,17 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
     let cells = [
         (row.clone(), Bytes::from_static(col::RANK_FOLDED)),
         (Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::RANK_DEFERRED)),
+        (Bytes::from_static(model::CONFIG_ROW), Bytes::from_static(col::CANONICAL_BY)),
     ];
-    let [mark, deferred] =
-        <[Option<Bytes>; 2]>::try_from(txn.get_many(&cells).await?).expect("two cells");
+    let [mark, deferred, rule] =
+        <[Option<Bytes>; 3]>::try_from(txn.get_many(&cells).await?).expect("three cells");
     if deferred.is_some() {
         // A bulk load: the ranks are settled at its end ([`settle`]), which tells every bucket.
         return Ok(());
     }
+    // Only a store that chooses its canonicals by PageRank has clusters to tell (the rule is
+    // the store's for good: `cluster::keep_rule`).
+    let tell = CanonicalBy::stored(rule.as_ref())? == CanonicalBy::PageRank;
     let mark =
         u64::try_from(model::count_of(mark)?).map_err(|e| IndexError::corrupt("rank:folded", e))?;
     let (start, end) = model::children(&rows::PUSHES, &format!("{bucket:02x}"));
@@ -200,7 +206,7 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         resolve.extend(here);
         model::signals::rank_targets_changed(txn, there.iter().map(String::as_str));
     }
-    let outbox = absorb(txn, bucket, taken.pushes, resolve).await?;
+    let outbox = absorb(txn, bucket, taken.pushes, resolve, tell).await?;
     write_pushes(txn, outbox);
     if taken.folded {
         txn.set(
@@ -216,12 +222,13 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
 /// each page whose residual passes ε absorb it, in rounds: a push to a page of the bucket is
 /// folded in the same transaction (Gauss–Seidel inside the bucket), the pushes to another
 /// bucket's pages are returned, summed by target, for push rows. Writes the rank cells that
-/// changed.
+/// changed; `tell`s the clusters of the pages whose rank shown moved.
 async fn absorb(
     txn: &mut Transaction,
     bucket: u8,
     mut pushes: BTreeMap<String, f64>,
     mut resolve: BTreeSet<String>,
+    tell: bool,
 ) -> Result<BTreeMap<String, f64>, IndexError> {
     let mut states: BTreeMap<String, State> = BTreeMap::new();
     let mut shards = Shards::default();
@@ -296,7 +303,7 @@ async fn absorb(
     // Unchecked: every transaction that writes rank cells writes its bucket's mark, checked
     // (a run, or settle's hold of it), and conflicts there.
     shards.write(txn);
-    show(txn, &shown).await?;
+    show(txn, &shown, tell).await?;
     Ok(outbox)
 }
 
@@ -318,15 +325,22 @@ async fn load_ranks(
 }
 
 /// Writes the shown rank of each page of `shown` (URL, shown before, shown now) to its
-/// `k:` row, queues its search document when the rank left its band, and tells its cluster
-/// (the `rank:cluster` its row names, read here) that its rank moved.
-async fn show(txn: &mut Transaction, shown: &[(String, f64, f64)]) -> Result<(), IndexError> {
+/// `k:` row, queues its search document when the rank left its band, and, if it is to
+/// `tell`, tells its cluster (the `rank:cluster` its row names, read here) that its rank
+/// moved.
+async fn show(
+    txn: &mut Transaction,
+    shown: &[(String, f64, f64)],
+    tell: bool,
+) -> Result<(), IndexError> {
     let keys: Vec<(Bytes, Bytes)> = shown
         .iter()
+        .filter(|_| tell)
         .map(|(url, ..)| (model::rank_row(url), Bytes::from_static(col::RANK_CLUSTER)))
         .collect();
-    let clusters = txn.get_many(&keys).await?;
-    for ((url, before, now), cluster) in shown.iter().zip(clusters) {
+    let mut clusters = txn.get_many(&keys).await?.into_iter();
+    for (url, before, now) in shown {
+        let cluster = clusters.next().flatten();
         txn.set_unchecked(
             model::rank_row(url),
             Bytes::from_static(col::RANK),
@@ -489,6 +503,14 @@ fn take_pushes(
         }
     }
     Ok(taken)
+}
+
+/// [`hold_mark`] of every bucket: for a transaction that writes shards of any.
+pub(crate) async fn hold_every_mark(txn: &mut Transaction) -> Result<(), perc_txn::TxnError> {
+    for b in 0..model::RANK_BUCKETS {
+        hold_mark(txn, b).await?;
+    }
+    Ok(())
 }
 
 /// Rewrites the mark of `bucket` as it is, in `txn`: every transaction that writes rank

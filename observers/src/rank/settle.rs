@@ -7,7 +7,7 @@ use bytes::Bytes;
 use perc_txn::RangeScan;
 
 use super::shard::{Entry, Whole, SHARDS_A_TXN};
-use super::{hold_mark, out_of, shown, tell_cluster, Out, DAMPING, TELEPORT};
+use super::{hold_every_mark, hold_mark, out_of, shown, tell_cluster, Out, DAMPING, TELEPORT};
 use crate::model::{self, col, rows};
 use crate::search;
 use crate::IndexError;
@@ -108,9 +108,7 @@ pub async fn settle(client: &perc_txn::Client) -> Result<usize, IndexError> {
             .retrying(|c| async move {
                 let mut t = c.begin().await?;
                 whole.write(&mut t, chunk);
-                for b in 0..model::RANK_BUCKETS {
-                    hold_mark(&mut t, b).await?;
-                }
+                hold_every_mark(&mut t).await?;
                 t.commit().await
             })
             .await?;
