@@ -24,7 +24,7 @@
 //!   the inlinks its export line carries, its main text and language, and its in-degree.
 
 use bytes::Bytes;
-use perc_txn::Transaction;
+use perc_txn::{RangeScan, Transaction};
 
 use crate::model::{self, col, rows, ExportLine};
 use crate::IndexError;
@@ -131,23 +131,31 @@ pub async fn next_bucket(txn: &Transaction, from: u8) -> Result<Option<u8>, Inde
 /// Takes up to `max` rows of `bucket`: deletes them in `txn` (the caller commits it after
 /// its index has what this returns) and returns how many rows it took, and what the index
 /// must do for the URLs they name and the pages whose documents show their facts, each URL
-/// once.
+/// once. A row committed before `built_at` (the snapshot an index was just built at, which
+/// holds its change) is taken without being looked at.
 pub async fn take(
     txn: &mut Transaction,
     bucket: u8,
     max: usize,
+    built_at: Option<u64>,
 ) -> Result<(usize, Vec<Queued>), IndexError> {
     let (start, end) = bucket_range(Some(bucket));
-    let rows = txn.scan_first(&start, &end, col::SEARCH_QUEUED, max).await?;
+    let found = txn
+        .scan_each_found(&[RangeScan::new(&start, &end, col::SEARCH_QUEUED).first(max)])
+        .await?
+        .pop()
+        .unwrap_or_default();
+    let taken = found.len();
     let mut urls: Vec<String> = Vec::new();
-    for (row, _) in rows {
-        let url = queued_url(&row)
-            .ok_or_else(|| IndexError::corrupt("a search queue row", row.escape_ascii()))?
+    for f in found {
+        let url = queued_url(&f.row)
+            .ok_or_else(|| IndexError::corrupt("a search queue row", f.row.escape_ascii()))?
             .to_string();
-        txn.delete(row, Bytes::from_static(col::SEARCH_QUEUED));
-        urls.push(url);
+        txn.delete(f.row, Bytes::from_static(col::SEARCH_QUEUED));
+        if built_at.is_none_or(|at| f.commit_ts.0 >= at) {
+            urls.push(url);
+        }
     }
-    let taken = urls.len();
     let mut looked = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     let mut todo = urls;
@@ -222,61 +230,74 @@ pub async fn all_documents<E: From<IndexError>>(
     Ok(())
 }
 
-/// Drains the whole queue into `apply`, a bucket at a time, up to `max` rows a
-/// transaction: `apply` makes its index hold what the rows ask for durably, then they are
+/// Drains the whole queue into `apply`, up to `max` rows a transaction, taken bucket after
+/// bucket: `apply` makes its index hold what the rows ask for durably, then they are
 /// deleted. A conflict (another indexer taking the same rows) takes them again, and `apply`
-/// gets them again (it must be idempotent). `apply`'s error leaves the rows queued and is
-/// returned inside; the outer error is the store's. Returns the URLs applied.
+/// gets them again (it must be idempotent). Rows committed before `built_at` are deleted
+/// without being applied (see [`take`]): an index built at that snapshot drains only the
+/// changes since. `apply`'s error leaves the rows queued and is returned inside; the outer
+/// error is the store's. Returns the URLs applied.
 pub async fn drain<E>(
     client: &perc_txn::Client,
     max: usize,
+    built_at: Option<u64>,
     mut apply: impl FnMut(&[Queued]) -> Result<(), E>,
 ) -> Result<Result<usize, E>, IndexError> {
     let mut applied = 0;
-    let mut from = 0;
-    while let Some(bucket) = first_bucket(client, from).await? {
-        // A take of fewer than `max` rows emptied the bucket as of its snapshot; rows
-        // written since are the next drain's.
-        loop {
-            match drain_bucket(client, bucket, max, &mut apply).await? {
-                Ok((rows, n)) => {
-                    applied += n;
-                    if rows < max {
-                        break;
-                    }
-                }
-                Err(e) => return Ok(Err(e)),
+    let mut from = Some(0);
+    while let Some(bucket) = from {
+        match drain_some(client, bucket, max.max(1), built_at, &mut apply).await? {
+            Ok((next, n)) => {
+                applied += n;
+                from = next;
             }
+            Err(e) => return Ok(Err(e)),
         }
-        let Some(next) = bucket.checked_add(1) else { break };
-        from = next;
     }
     Ok(Ok(applied))
 }
 
-/// One transaction of [`drain`]: up to `max` rows of `bucket`; the rows taken and the URLs
-/// applied.
-async fn drain_bucket<E>(
+/// One transaction of [`drain`]: up to `max` rows of the buckets from `from` on, in one
+/// call of `apply`; the bucket to go on from (none when the queue was empty as of its
+/// snapshot: rows written since are the next drain's) and the URLs applied.
+async fn drain_some<E>(
     client: &perc_txn::Client,
-    bucket: u8,
+    from: u8,
     max: usize,
+    built_at: Option<u64>,
     apply: &mut impl FnMut(&[Queued]) -> Result<(), E>,
-) -> Result<Result<(usize, usize), E>, IndexError> {
+) -> Result<Result<(Option<u8>, usize), E>, IndexError> {
     // Each attempt's future borrows `apply` for as long as it runs, one attempt at a time.
     let apply = &std::sync::Mutex::new(apply);
     client
         .retrying(|c| async move {
             let mut t = c.begin().await?;
-            let (rows, queued) = take(&mut t, bucket, max).await?;
-            if rows == 0 {
-                return Ok(Ok((0, 0)));
+            let (mut rows, mut queued) = (0, Vec::new());
+            let mut next = next_bucket(&t, from).await?;
+            while let Some(bucket) = next {
+                let room = max - rows;
+                let (n, q) = take(&mut t, bucket, room, built_at).await?;
+                rows += n;
+                queued.extend(q);
+                if n == room {
+                    // The bucket may hold more: the next transaction goes on from it.
+                    break;
+                }
+                next = match bucket.checked_add(1) {
+                    Some(b) => next_bucket(&t, b).await?,
+                    None => None,
+                };
             }
-            let applied = (apply.lock().unwrap_or_else(|p| p.into_inner()))(&queued);
-            if let Err(e) = applied {
-                return Ok(Err(e));
+            if rows == 0 {
+                return Ok(Ok((None, 0)));
+            }
+            if !queued.is_empty() {
+                if let Err(e) = (apply.lock().unwrap_or_else(|p| p.into_inner()))(&queued) {
+                    return Ok(Err(e));
+                }
             }
             t.commit().await?;
-            Ok::<_, IndexError>(Ok((rows, queued.len())))
+            Ok::<_, IndexError>(Ok((next, queued.len())))
         })
         .await
 }
@@ -293,21 +314,30 @@ async fn first_bucket(client: &perc_txn::Client, from: u8) -> Result<Option<u8>,
     next_bucket(&t, from).await
 }
 
-/// Every document, at one snapshot (see [`all_documents`]); how many, and the queue's
-/// generation at that snapshot (an index built from them is of that generation).
+/// What [`each_document`] read: how many documents, the queue's generation then (an index
+/// built from them is of that generation) and the snapshot's timestamp (the queue rows
+/// committed before it hold no change the documents lack: see [`drain`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Documents {
+    pub count: usize,
+    pub generation: u64,
+    pub at: u64,
+}
+
+/// Every document, at one snapshot (see [`all_documents`]).
 pub async fn each_document<E: From<IndexError>>(
     client: &perc_txn::Client,
     mut each: impl FnMut(SearchDoc) -> Result<(), E>,
-) -> Result<(usize, u64), E> {
+) -> Result<Documents, E> {
     let t = client.begin().await.map_err(IndexError::from)?;
     let generation = read_generation(&t).await?;
-    let mut n = 0;
+    let mut count = 0;
     all_documents(&t, |d| {
-        n += 1;
+        count += 1;
         each(d)
     })
     .await?;
-    Ok((n, generation))
+    Ok(Documents { count, generation, at: t.start_ts().0 })
 }
 
 /// The queue's generation now: how many times [`trim`] emptied it.

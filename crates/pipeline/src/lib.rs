@@ -43,7 +43,7 @@ pub use perc_crawl::urls::had_userinfo;
 pub use perc_crawl::{normalize, warc::Recorder};
 /// What the verbs hand back, from the layer that defines them.
 pub use perc_observers::model::{CrawlScope, ExportLine};
-pub use perc_observers::search::{importance, Queued, SearchDoc};
+pub use perc_observers::search::{importance, Documents, Queued, SearchDoc};
 pub use perc_observers::{PageInfo, Report};
 pub use perc_oracle::{serve as serve_oracle, OracleError};
 pub use query::page_record;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use perc_observers::model::ExportLine;
-use perc_observers::search::{Queued, SearchDoc};
+use perc_observers::search::{Documents, Queued, SearchDoc};
 use perc_observers::PageInfo;
 use url::Url;
 
@@ -133,14 +133,17 @@ impl Pipeline {
 
     /// Hands the search queue (docs/serve.md, "Search") to `apply`, `max` rows a
     /// transaction; `apply` makes a search index hold what they ask for durably, then they
-    /// are deleted (see `perc_observers::search::drain`). `apply`'s error leaves them queued
-    /// and is returned inside. Returns the URLs applied.
+    /// are deleted (see `perc_observers::search::drain`). An index just built from
+    /// [`Pipeline::search_documents`] gives the snapshot it was built at (`built_at`): the
+    /// rows committed before it are deleted without being applied. `apply`'s error leaves
+    /// them queued and is returned inside. Returns the URLs applied.
     pub async fn drain_search<E>(
         &self,
         max: usize,
+        built_at: Option<u64>,
         apply: impl FnMut(&[Queued]) -> Result<(), E>,
     ) -> Result<Result<usize, E>> {
-        Ok(perc_observers::search::drain(&self.client, max, apply).await?)
+        Ok(perc_observers::search::drain(&self.client, max, built_at, apply).await?)
     }
 
     /// Whether the search queue is empty: an index that drained it is caught up.
@@ -149,12 +152,12 @@ impl Pipeline {
     }
 
     /// Every search document at one snapshot, in URL order: what an index built from nothing
-    /// holds before it drains the queue. Returns how many, and the queue's generation at that
-    /// snapshot (see [`Pipeline::search_generation`]).
+    /// holds before it drains the queue. Returns how many, the queue's generation at that
+    /// snapshot (see [`Pipeline::search_generation`]) and the snapshot's timestamp.
     pub async fn search_documents(
         &self,
         each: impl FnMut(SearchDoc) -> Result<()>,
-    ) -> Result<(usize, u64)> {
+    ) -> Result<Documents> {
         perc_observers::search::each_document(&self.client, each).await
     }
 

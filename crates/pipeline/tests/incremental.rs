@@ -286,7 +286,7 @@ type Mirror = BTreeMap<String, SearchDoc>;
 
 /// Drains the search queue into `mirror`, as an index does (a few rows a transaction).
 async fn drain_into(h: &Pipeline, mirror: &mut Mirror) {
-    let drained = h.drain_search(3, |queued| {
+    let drained = h.drain_search(3, None, |queued| {
         for q in queued {
             match q {
                 Queued::Index(d) => mirror.insert(d.url.clone(), d.clone()),

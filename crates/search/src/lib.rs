@@ -261,8 +261,12 @@ impl SearchIndex {
     }
 
     /// Makes the index hold what `queued` says, durably (a commit), and visible to searches.
-    /// Idempotent: a URL's document is replaced, never added twice.
+    /// Idempotent: a URL's document is replaced, never added twice. Nothing queued, nothing
+    /// committed.
     pub fn apply(&self, queued: &[Queued]) -> Result<()> {
+        if queued.is_empty() {
+            return Ok(());
+        }
         let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         for q in queued {
             let url = match q {
@@ -293,14 +297,15 @@ impl SearchIndex {
         Ok(())
     }
 
-    /// Builds the index from nothing: every document of the store at one snapshot. The
-    /// queue rows written before that snapshot are applied again when drained (harmless).
-    pub async fn build(&self, pipeline: &Pipeline) -> Result<usize> {
+    /// Builds the index from nothing: every document of the store at one snapshot. Returns
+    /// how many, and the snapshot's timestamp: the queue rows committed before it hold no
+    /// change the index lacks (the drain that follows deletes them unapplied).
+    pub async fn build(&self, pipeline: &Pipeline) -> Result<(usize, u64)> {
         let writer = || self.writer.lock().unwrap_or_else(|p| p.into_inner());
         writer().delete_all_documents().map_err(|e| self.fail(e))?;
         let mut pending = 0;
         let mut failed = None;
-        let (n, generation) = pipeline
+        let documents = pipeline
             .search_documents(|d| {
                 if failed.is_some() {
                     return Ok(());
@@ -323,9 +328,9 @@ impl SearchIndex {
         if let Some(e) = failed {
             return Err(self.fail(e));
         }
-        self.generation.store(generation, std::sync::atomic::Ordering::SeqCst);
+        self.generation.store(documents.generation, std::sync::atomic::Ordering::SeqCst);
         self.commit(&mut writer())?;
-        Ok(n)
+        Ok((documents.count, documents.at))
     }
 
     /// Brings the index up to date with the store: builds it if it is not built, then
@@ -343,8 +348,14 @@ impl SearchIndex {
         let catching_up = async {
             let began = pipeline.now_ms().max(1);
             let generation = pipeline.search_generation().await?;
-            let built = if self.is_built(generation)? { 0 } else { self.build(pipeline).await? };
-            let applied = pipeline.drain_search(batch, |q| self.apply(q)).await??;
+            let (built, built_at) = match self.is_built(generation)? {
+                true => (0, None),
+                false => {
+                    let (n, at) = self.build(pipeline).await?;
+                    (n, Some(at))
+                }
+            };
+            let applied = pipeline.drain_search(batch, built_at, |q| self.apply(q)).await??;
             self.caught_up_ms.store(began, std::sync::atomic::Ordering::Release);
             Ok((built, applied))
         };

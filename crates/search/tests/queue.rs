@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use perc_crawl::{Fetched, Response, Source};
-use perc_pipeline::{Backend, Config, CrawlScope, Pipeline};
+use perc_pipeline::{Backend, Config, CrawlScope, Pipeline, Queued};
 use perc_search::{QueryLimits, SearchIndex};
 use tokio_util::sync::CancellationToken;
 use url::Url;
@@ -102,5 +102,83 @@ fn a_queue_nobody_drains_is_emptied_and_an_older_index_is_built_again() {
         assert_eq!(built, 0, "the index is of this generation");
         assert!(applied > 0);
         assert_eq!(hits("again"), [urls[3].clone()]);
+    });
+}
+
+/// An index built from nothing holds every change committed before its snapshot: the drain
+/// that follows the build deletes those rows unapplied (a first search after a crawl applied
+/// every page twice, a commit a bucket) and applies the changes committed since.
+#[test]
+fn a_drain_after_a_build_applies_only_what_changed_since() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let site = Site::default();
+        let urls: Vec<String> = (0..6).map(|i| format!("http://site.test/p{i}")).collect();
+        for (i, u) in urls.iter().enumerate() {
+            site.0.lock().unwrap().insert(u.clone(), page(&format!("word{i}"), &urls));
+        }
+        let mut config = Config::defaults();
+        config.store.backend = Backend::Memory;
+        let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
+        let scope = CrawlScope {
+            seeds: vec![urls[0].clone()],
+            prefixes: vec![],
+            max_depth: 20,
+            max_redirects: 5,
+        };
+        let stop = CancellationToken::new();
+        app.crawl(&[Url::parse(&urls[0]).unwrap()], &scope, &stop).await.unwrap();
+        assert!(!app.search_caught_up().await.unwrap(), "the crawl's rows wait");
+
+        // A mirror of an index: built at a snapshot, then a page changes, then it drains.
+        let mut mirror = BTreeMap::new();
+        let built = app
+            .search_documents(|d| {
+                mirror.insert(d.url.clone(), d);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(built.count, 6);
+        site.0.lock().unwrap().insert(urls[3].clone(), page("again", &urls));
+        app.want_again(Some(&[Url::parse(&urls[3]).unwrap()])).await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
+        let mut calls = 0;
+        let applied = app
+            .drain_search(1000, Some(built.at), |queued| {
+                calls += 1;
+                for q in queued {
+                    match q {
+                        Queued::Index(d) => mirror.insert(d.url.clone(), d.clone()),
+                        Queued::Remove(url) => mirror.remove(url),
+                    };
+                }
+                Ok::<_, ()>(())
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(app.search_caught_up().await.unwrap());
+        assert!((1..6).contains(&applied), "only the change is applied: {applied}");
+        assert_eq!(calls, 1, "the rows of every bucket in one transaction");
+        let mut want = BTreeMap::new();
+        app.search_documents(|d| {
+            want.insert(d.url.clone(), d);
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert_eq!(mirror, want);
+        assert!(mirror[&urls[3]].title == "again");
+
+        // A fresh index catches up: built, and nothing applied twice.
+        let index = SearchIndex::open(None).unwrap();
+        site.0.lock().unwrap().insert(urls[4].clone(), page("later", &urls));
+        app.want_again(Some(&[Url::parse(&urls[4]).unwrap()])).await.unwrap();
+        app.engine().run_until_quiet().await.unwrap();
+        assert_eq!(index.catch_up(&app, 100, &stop).await.unwrap(), Some((6, 0)));
+        let hits = index.search("later", &perc_search::Filter::default(), 10, BOUNDS).unwrap();
+        assert_eq!(hits.iter().map(|h| h.url.as_str()).collect::<Vec<_>>(), [urls[4].as_str()]);
     });
 }
