@@ -25,7 +25,7 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
-#[derive(Subcommand)]
+#[derive(Clone, Subcommand)]
 pub(crate) enum Command {
     /// Crawl and index from a seed list until the frontier is empty and nothing is pending.
     Crawl {

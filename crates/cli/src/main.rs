@@ -243,8 +243,35 @@ async fn dispatch(
         if let Some(served) = remote::find(&config).await {
             return remote::through_server(command, &config, &served).await;
         }
+        // A server that starts after that look takes the store before this command opens
+        // it, having said where it listens: asked then. (Not a crawl of seeds from standard
+        // input, which this attempt read.)
+        let reads_stdin =
+            matches!(&command, Command::Crawl { seeds, .. } if seeds.as_os_str() == "-");
+        let again = (!reads_stdin).then(|| command.clone());
+        let ran = locally(command, config.clone(), &stop).await;
+        return match (ran, again) {
+            (Err(e), Some(again)) if in_use(&e) => match remote::find(&config).await {
+                Some(served) => remote::through_server(again, &config, &served).await,
+                None => Err(e),
+            },
+            (ran, _) => ran,
+        };
     }
-    let stop = &stop;
+    locally(command, config, &stop).await
+}
+
+/// Whether `e` says another process holds the store.
+fn in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| matches!(c.downcast_ref(), Some(PipelineError::InUse(_))))
+}
+
+/// `command` on the store itself.
+async fn locally(
+    command: Command,
+    config: config::Config,
+    stop: &CancellationToken,
+) -> Result<ExitCode> {
     match command {
         Command::Crawl { seeds, prefixes, warc_out, append } => {
             local::crawl_command(config, &seeds, &prefixes, warc_out.as_deref(), append, stop).await

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
-use perc_pipeline::{config, Create, Fetching};
+use perc_pipeline::{config, Create, Fetching, PipelineError};
 use perc_synth::site;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::input::{crawl_scope, read_seeds};
@@ -95,11 +96,15 @@ pub(crate) async fn serve(
         // Bad prefixes fail here, before the store is opened.
         crawl_scope(&config, seeds, prefixes)?;
     }
-    let app =
-        crate::open(config, Fetching::Live { warc_out: None }, Create::IfMissing, "serve").await?;
+    // Said before the store is opened: a command run meanwhile asks this server.
+    let bound = listener.local_addr().context("cannot read the listening address")?;
+    let claim = data.as_deref().map(|d| perc_serve::Claim::take(d, bound)).transpose()?;
+    let Some(app) = open_waiting(config, &stop).await? else {
+        return Err(PipelineError::Interrupted.into());
+    };
     let token = perc_serve::token(&serve_config, data.as_deref())?;
     let start = perc_serve::Start {
-        data: data.as_deref(),
+        claim,
         token,
         seeds: seeds.unwrap_or_default(),
         prefixes: prefixes.to_vec(),
@@ -112,6 +117,42 @@ pub(crate) async fn serve(
     })
     .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long `perc serve` waits for a store another process holds: a command such as `perc
+/// status` holds it for well under a second; a crawl, for longer than a server should wait.
+const STORE_WAIT: Duration = Duration::from_secs(30);
+
+/// Opens the store for `perc serve`, waiting up to [`STORE_WAIT`] while another process holds
+/// it; `None` if stopped meanwhile.
+async fn open_waiting(
+    config: config::Config,
+    stop: &CancellationToken,
+) -> Result<Option<perc_pipeline::Pipeline>, PipelineError> {
+    let began = Instant::now();
+    let mut said = false;
+    loop {
+        let opened = crate::open(
+            config.clone(),
+            Fetching::Live { warc_out: None },
+            Create::IfMissing,
+            "serve",
+        )
+        .await;
+        match opened {
+            Err(PipelineError::InUse(_)) if began.elapsed() < STORE_WAIT => {
+                if !said {
+                    say!("perc serve: another process holds the store; waiting for it");
+                    said = true;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    () = stop.cancelled() => return Ok(None),
+                }
+            }
+            opened => return opened.map(Some),
+        }
+    }
 }
 
 /// `perc demo`: serves the demo site, crawls it, and shows what perc answers about it.

@@ -2,6 +2,7 @@
 //! bad requests each with its status and a message, and a clean stop on SIGTERM.
 
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -439,4 +440,74 @@ fn after_a_kill_the_search_index_catches_up_with_the_store() {
         })
         .collect();
     assert_eq!(urls, hits[..2]);
+}
+
+/// A server says where it listens before it opens the store: a command run while it starts
+/// asks it and gets its answer once it serves, and a server started while another process
+/// holds the store waits for it. Before, whichever of the two came second failed on sled's
+/// lock, in every order.
+#[test]
+fn a_command_beside_a_starting_server_asks_it_and_the_server_waits_for_the_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let warc = root().join("fixtures/crawls/wget-demo.warc.gz");
+    common::ok(&common::perc(&data, &["replay", warc.to_str().unwrap()]));
+
+    // Another process holds the store: a worker, until told to stop.
+    let mut worker = common::command(&data, &["worker"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(worker.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("worker "), "{line}");
+
+    // The server claims the store's directory and waits for the store.
+    let starting = {
+        let data = data.clone();
+        std::thread::spawn(move || Server::start(&data, &[]))
+    };
+    let claimed = Instant::now();
+    while !data.join("serve.json").exists() {
+        assert!(claimed.elapsed() < Duration::from_secs(60), "no serve.json");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A second server on the store is refused at once.
+    let second = common::perc(&data, &["serve", "--listen", "127.0.0.1:0"]);
+    assert_eq!(second.status.code(), Some(2));
+    assert!(
+        common::stderr(&second).contains("another perc serve serves the store at"),
+        "{}",
+        common::stderr(&second)
+    );
+    assert!(data.join("serve.json").exists(), "the first server's address stays");
+
+    // A command now asks the starting server, which answers once the store is let go of:
+    // the worker stops once the server has said it waits for the store (sled's own wait for
+    // a lock is 2 s, and over by then).
+    let status = {
+        let data = data.clone();
+        std::thread::spawn(move || common::perc(&data, &["status"]))
+    };
+    let log = data.with_extension("serve.log");
+    let waits = |log: &std::path::Path| {
+        std::fs::read_to_string(log).is_ok_and(|l| l.contains("holds the store; waiting"))
+    };
+    while !waits(&log) {
+        assert!(claimed.elapsed() < Duration::from_secs(60), "the server does not wait");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent = Command::new("kill").args(["-TERM", &worker.id().to_string()]).status();
+    assert!(sent.unwrap().success());
+    assert!(worker.wait().unwrap().success());
+    let server = starting.join().unwrap();
+    let status = common::ok(&status.join().unwrap());
+    assert!(status.starts_with("pages indexed:                 17\n"), "{status}");
+    assert_eq!(server.terminate(), Some(0));
+    assert!(!data.join("serve.json").exists());
 }

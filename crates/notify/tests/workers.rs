@@ -262,7 +262,7 @@ fn a_scanner_pauses_four_times_as_long_as_it_read_while_the_workers_are_busy() {
         let (began, reads_before) = (std::time::Instant::now(), reads());
         env.write("x", "n", "0").await;
         workers.kick();
-        let last_row = if STEPS % 2 == 0 { "x" } else { "y" };
+        let last_row = if STEPS.is_multiple_of(2) { "x" } else { "y" };
         while env.read(last_row, "n").await != Some(STEPS.to_string()) {
             tokio::task::yield_now().await;
         }

@@ -27,6 +27,9 @@ pub enum PipelineError {
     /// The configured store, oracle or fetcher cannot be set up.
     #[error("{0}")]
     Setup(String),
+    /// Another process holds the store (sled admits one).
+    #[error("{0}")]
+    InUse(String),
     /// The store or the oracle did not answer within the time allowed for it.
     #[error("{0}")]
     Unavailable(String),

@@ -300,6 +300,10 @@ pub async fn open_store(config: &Config, create: Create) -> Result<Arc<dyn Store
             let sled = SledStore::open(data, perc_notify::schema(), &sled_options(&config.store))
                 .map_err(|e| match e {
                 e @ StoreError::OutOfSpace { .. } => e.into(),
+                e @ StoreError::InUse { .. } => PipelineError::InUse(format!(
+                    "{e} (is another perc process using {}?)",
+                    data.display()
+                )),
                 e => PipelineError::Setup(format!(
                     "{e} (is another perc process using {}?)",
                     data.display()

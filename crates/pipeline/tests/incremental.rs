@@ -253,7 +253,7 @@ fn same_export(mut got: Vec<ExportLine>, want: &[ExportLine]) -> Result<(), Stri
 
 /// The canonical rule a property test's seed runs with: every third seed by PageRank.
 fn rule_of(seed: u64) -> CanonicalBy {
-    if seed % 3 == 0 {
+    if seed.is_multiple_of(3) {
         CanonicalBy::PageRank
     } else {
         CanonicalBy::InDegree

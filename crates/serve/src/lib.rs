@@ -9,8 +9,8 @@
 //! 403 a write to a server that has no token, 404 an unknown path or URL, 405 a wrong
 //! method, 408 an answer not ready within `serve.request_timeout_ms`, 413 a body and 414 a
 //! query string over `serve.body_bytes_max`, 503 a store that does not answer.
-//! While it runs, `DATA/serve.json` says where it listens (written once bound, removed at
-//! a clean stop). Beside the API: a search indexer draining the store's search queue into
+//! While it runs, `DATA/serve.json` says where it listens: written once bound, before the
+//! store is opened, and removed at a clean stop (see [`Claim`]). Beside the API: a search indexer draining the store's search queue into
 //! `perc-search`'s index, `GET /metrics` ([`metrics`]) and the status page (`GET /`).
 
 use std::net::SocketAddr;
@@ -37,6 +37,60 @@ use status::StatusRead;
 
 /// The file in the data directory that says where a running server listens.
 pub const ADDRESS_FILE: &str = "serve.json";
+
+/// The file in the data directory a running server holds locked: one server a store.
+pub const LOCK_FILE: &str = "serve.lock";
+
+/// A server's claim on a sled store's directory, taken once it is bound and before it opens
+/// the store: [`LOCK_FILE`] locked for as long as it lives, and [`ADDRESS_FILE`] saying where
+/// it listens, removed when the claim is dropped. A command run while the server opens the
+/// store finds the address and asks the server, whose answer waits until it serves, rather
+/// than failing on the store's lock; a second server on the store is refused at once.
+#[derive(Debug)]
+pub struct Claim {
+    _lock: std::fs::File,
+    address: PathBuf,
+}
+
+impl Claim {
+    /// Claims `dir` (made if missing) for a server listening on `addr`.
+    pub fn take(dir: &Path, addr: SocketAddr) -> Result<Claim, PipelineError> {
+        std::fs::create_dir_all(dir)
+            .map_err(io(format!("cannot create the data directory {}", dir.display())))?;
+        let path = dir.join(LOCK_FILE);
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(format!("cannot open {}", path.display())))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let there = std::fs::read_to_string(dir.join(ADDRESS_FILE))
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                    .and_then(|v| v["addr"].as_str().map(|a| format!(" on {a}")))
+                    .unwrap_or_default();
+                return Err(PipelineError::Setup(format!(
+                    "another perc serve serves the store at {}{there}",
+                    dir.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(io(format!("cannot lock {}", path.display()))(e))
+            }
+        }
+        let address = write_address(dir, addr)?;
+        Ok(Claim { _lock: lock, address })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.address);
+    }
+}
 
 /// The file in the data directory that holds the write endpoints' token when the
 /// configuration gives none.
@@ -91,9 +145,9 @@ fn allowed_hosts(addr: SocketAddr, configured: &[String]) -> Option<Vec<String>>
 
 /// What `perc serve` starts with besides its configuration.
 #[derive(Debug, Default)]
-pub struct Start<'a> {
-    /// The sled store's directory: [`ADDRESS_FILE`] is written there while it runs.
-    pub data: Option<&'a Path>,
+pub struct Start {
+    /// The claim on the sled store's directory, held until the server stops.
+    pub claim: Option<Claim>,
     /// The write endpoints' token (see [`token`]).
     pub token: Option<String>,
     /// Seeds to add once it listens (`--seeds`), as `POST /v1/seeds` adds them, with the
@@ -143,17 +197,17 @@ pub fn token(config: &ServeConfig, data: Option<&Path>) -> Result<Option<String>
 
 /// Serves `app` on `listener` until `stop`: runs the observers, answers the API, then stops
 /// both (requests in flight get `serve.shutdown_ms` to finish) and closes the store. `ready`
-/// is called with the address once [`ADDRESS_FILE`] is written (see [`Start`]); the seeds
-/// are added then, and their sitemaps read while it serves.
+/// is called with the address once it is about to answer; the seeds are added before, and
+/// their sitemaps read while it serves. The [`Claim`] in `start` goes at the end.
 pub async fn run(
     app: Pipeline,
     config: &ServeConfig,
     listener: tokio::net::TcpListener,
-    start: Start<'_>,
+    start: Start,
     stop: CancellationToken,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), PipelineError> {
-    let Start { data, token, seeds, prefixes, allocator } = start;
+    let Start { claim, token, seeds, prefixes, allocator } = start;
     let addr = listener.local_addr().map_err(io("cannot read the listening address"))?;
     let listener = listener.into_std().map_err(io("cannot hand over the listener"))?;
     // Installed before the workers start, so that their runs are recorded.
@@ -172,7 +226,7 @@ pub async fn run(
     // kept on threads of its own at a lower priority (`serve.indexing_nice`): otherwise a
     // request that finds both cores parsing pages waits for a time slice of theirs. (A
     // runtime is shut down, not dropped, on the way out: this is an async context.)
-    let (api, indexing, address_file) = runtimes(config, data, addr)?;
+    let (api, indexing) = runtimes(config)?;
     ready(addr);
     let indexed = spawn_indexer(&app, search.as_ref(), &stop, &indexing);
     let state = Arc::new(Served {
@@ -231,9 +285,7 @@ pub async fn run(
     drop(state);
     api.shutdown_background();
     indexing.shutdown_background();
-    if let Some(f) = address_file {
-        let _ = std::fs::remove_file(f);
-    }
+    drop(claim);
     match Arc::try_unwrap(app) {
         Ok(app) => app.close().await?,
         Err(_) => tracing::warn!("a request still holds the index; the store closes at exit"),
@@ -273,26 +325,15 @@ fn open_search(app: &Pipeline) -> Result<Option<Arc<SearchIndex>>, PipelineError
     Ok(Some(Arc::new(index)))
 }
 
-/// The API's runtime, the indexing's, and the address file (written now, removed at the
-/// end); on an error, what was started is stopped.
+/// The API's runtime and the indexing's; on an error, what was started is stopped.
 fn runtimes(
     config: &ServeConfig,
-    data: Option<&Path>,
-    addr: SocketAddr,
-) -> Result<(tokio::runtime::Runtime, tokio::runtime::Runtime, Option<PathBuf>), PipelineError> {
+) -> Result<(tokio::runtime::Runtime, tokio::runtime::Runtime), PipelineError> {
     let api = runtime("perc-api", Some(config.api_threads), 0)?;
-    let indexing = match runtime("perc-index", None, config.indexing_nice) {
-        Ok(rt) => rt,
+    match runtime("perc-index", None, config.indexing_nice) {
+        Ok(indexing) => Ok((api, indexing)),
         Err(e) => {
             api.shutdown_background();
-            return Err(e);
-        }
-    };
-    match data.map(|dir| write_address(dir, addr)).transpose() {
-        Ok(file) => Ok((api, indexing, file)),
-        Err(e) => {
-            api.shutdown_background();
-            indexing.shutdown_background();
             Err(e)
         }
     }

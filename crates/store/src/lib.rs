@@ -311,6 +311,9 @@ pub enum StoreError {
     Corrupt { backend: &'static str, detail: String },
     #[error("{backend} store I/O failed: {detail}")]
     Io { backend: &'static str, detail: String },
+    /// Another process holds the store (sled admits one).
+    #[error("{detail}")]
+    InUse { backend: &'static str, detail: String },
     /// The device holding the store is full: nothing more can be written until space is
     /// freed. What was written before is intact.
     #[error("no space left on device writing the {backend} store ({detail})")]

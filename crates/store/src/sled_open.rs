@@ -102,15 +102,20 @@ pub(crate) fn open_db(path: &Path, config: &sled::Config) -> Result<sled::Db> {
                     detail: format!("cannot open the store at {}: {e}", path.display()),
                 });
             }
+            Err(e) if is_lock_error(&e) => {
+                return Err(StoreError::InUse {
+                    backend: "sled",
+                    detail: format!(
+                        "cannot open the store at {}: another process (or a store not closed \
+                         in this one) holds it ({e})",
+                        path.display()
+                    ),
+                });
+            }
             Err(e) => {
-                let why = if is_lock_error(&e) {
-                    format!("another process (or a store not closed in this one) holds it ({e})")
-                } else {
-                    e.to_string()
-                };
                 return Err(StoreError::Io {
                     backend: "sled",
-                    detail: format!("cannot open the store at {}: {why}", path.display()),
+                    detail: format!("cannot open the store at {}: {e}", path.display()),
                 });
             }
         }
