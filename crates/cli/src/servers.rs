@@ -4,11 +4,11 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use perc_pipeline::{config, Create, Fetching, PipelineError};
 use perc_synth::site;
-use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::input::{crawl_scope, read_seeds};

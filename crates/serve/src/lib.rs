@@ -10,8 +10,9 @@
 //! method, 408 an answer not ready within `serve.request_timeout_ms`, 413 a body and 414 a
 //! query string over `serve.body_bytes_max`, 503 a store that does not answer.
 //! While it runs, `DATA/serve.json` says where it listens: written once bound, before the
-//! store is opened, and removed at a clean stop (see [`Claim`]). Beside the API: a search indexer draining the store's search queue into
-//! `perc-search`'s index, `GET /metrics` ([`metrics`]) and the status page (`GET /`).
+//! store is opened, and removed at a clean stop (see [`Claim`]). Beside the API: a search
+//! indexer draining the store's search queue into `perc-search`'s index, `GET /metrics`
+//! ([`metrics`]) and the status page (`GET /`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
