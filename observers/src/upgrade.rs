@@ -20,6 +20,8 @@
 //!    holding the rank shown. The upgrade copies each `k:` row's rank and pushes (`<x> <a>`)
 //!    into the shards, the rank shown being the rank; a perc of layout 3 would read a `k:`
 //!    row as a page's whole state.
+//! 5. A word to resolve out-sets may name a list of URLs in one row (`rank:resolves`); a
+//!    perc of layout 4 would leave such rows untaken. Nothing moves.
 
 use std::collections::BTreeMap;
 
@@ -31,7 +33,7 @@ use crate::rank::shard::{Entry, Shards, Slot, SHARDS_A_TXN};
 use crate::IndexError;
 
 /// The layout this perc reads and writes.
-pub const LAYOUT: u64 = 4;
+pub const LAYOUT: u64 = 5;
 
 /// Rows moved per transaction.
 const BATCH: usize = 100;

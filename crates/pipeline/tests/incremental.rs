@@ -1039,7 +1039,8 @@ fn a_crawl_settles_its_ranks_and_leaves_no_rank_rows_to_take() {
         assert_eq!(rank.commits, 0, "no rank run had rows to take: {rank:?}");
         let t = h.client().begin().await.unwrap();
         let pushes = &perc_observers::model::rows::PUSHES;
-        for column in [perc_observers::model::col::PUSH, perc_observers::model::col::RESOLVE] {
+        use perc_observers::model::col;
+        for column in [col::PUSH, col::RESOLVE, col::RESOLVES] {
             let left = t.scan_first(pushes.start(), pushes.end(), column, 1).await.unwrap();
             assert!(left.is_empty(), "{left:?}");
         }

@@ -216,6 +216,7 @@ pub mod col {
     pub const RANK_FOLDED: &[u8] = b"rank:folded";
     pub const PUSH: &[u8] = b"rank:push";
     pub const RESOLVE: &[u8] = b"rank:resolve";
+    pub const RESOLVES: &[u8] = b"rank:resolves";
     pub const RANK_DEFERRED: &[u8] = b"rank:deferred";
     pub const RANK_CLUSTER: &[u8] = b"rank:cluster";
     pub const RANK_STATE: &[u8] = b"rank:state";
@@ -314,6 +315,17 @@ pub fn push(target: &str, start_ts: u64) -> Bytes {
         PUSHES.prefix(),
         rank_bucket(target)
     ))
+}
+
+/// The row and value of one transaction's word to resolve the out-sets of `urls` again, all
+/// of `bucket` (`rank:resolves`: the URLs, a space between two, which a URL never holds),
+/// named `*` and a hash of the list (no URL starts with `*`), so that two lists of one
+/// transaction are two rows.
+pub fn resolves(bucket: u8, urls: &[&str], start_ts: u64) -> (Bytes, Bytes) {
+    let list = urls.join(" ");
+    let name = blake3::hash(list.as_bytes()).to_hex();
+    let row = format!("{}{bucket:02x}\0*{}\0{start_ts:016x}", PUSHES.prefix(), &name[..16]);
+    (Bytes::from(row), Bytes::from(list))
 }
 
 /// The target of a push row ([`push`]).

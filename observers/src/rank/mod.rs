@@ -27,7 +27,8 @@
 //! by more than the bound leaves room for ([`shard::leeway`]).
 //!
 //! - Trigger: `rank:dirty` of the bucket's head row `g:<bucket>` (weak), set with every
-//!   push row and every word to resolve a page's out-set again (`rank:resolve`): parse
+//!   push row and every word to resolve a page's out-set again (`rank:resolve`, or
+//!   `rank:resolves` for a transaction's list of them, [`model::resolves`]): parse
 //!   writes one when a page's links or what it is change, and, when a URL parsed before
 //!   becomes or stops being a page, one that has the run resolve its sources too (the `e:`
 //!   rows into it and the `x:` rows of those that reach it through aliases, enumerated in
@@ -186,11 +187,13 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
         .scan_each_found(&[
             RangeScan::new(&start, &end, col::PUSH).first(FOLD_MAX),
             RangeScan::new(&start, &end, col::RESOLVE).first(FOLD_MAX),
+            RangeScan::new(&start, &end, col::RESOLVES).first(FOLD_MAX),
         ])
         .await?;
+    let lists = found.pop().unwrap_or_default();
     let resolves = found.pop().unwrap_or_default();
     let pushes = found.pop().unwrap_or_default();
-    let taken = take_pushes(txn, pushes, resolves, mark)?;
+    let taken = take_pushes(txn, [pushes, resolves, lists], mark)?;
     if taken.more {
         txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
     }
@@ -458,18 +461,18 @@ struct Taken {
     more: bool,
 }
 
-/// Takes the pushes and the resolve words committed at or after `mark` (older ones a crash
-/// left after the run that took them), as indegree takes its change rows: a run that read
-/// them all moves the mark to its start and deletes them at its commit without a lock; one
-/// that may have left some keeps the mark and deletes what it took in its transaction.
+/// Takes the pushes and the words to resolve (one URL's, or a list's) committed at or after
+/// `mark` (older ones a crash left after the run that took them), as indegree takes its
+/// change rows: a run that read them all moves the mark to its start and deletes them at its
+/// commit without a lock; one that may have left some keeps the mark and deletes what it
+/// took in its transaction.
 fn take_pushes(
     txn: &mut Transaction,
-    pushes: Vec<Found>,
-    resolves: Vec<Found>,
+    [pushes, resolves, lists]: [Vec<Found>; 3],
     mark: u64,
 ) -> Result<Taken, IndexError> {
-    let more = pushes.len() >= FOLD_MAX || resolves.len() >= FOLD_MAX;
-    let folded = !pushes.is_empty() || !resolves.is_empty();
+    let more = [&pushes, &resolves, &lists].iter().any(|rows| rows.len() >= FOLD_MAX);
+    let folded = [&pushes, &resolves, &lists].iter().any(|rows| !rows.is_empty());
     let mut taken = Taken {
         pushes: BTreeMap::new(),
         resolve: BTreeSet::new(),
@@ -478,22 +481,11 @@ fn take_pushes(
         folded,
         more,
     };
-    for (rows, column) in [(pushes, col::PUSH), (resolves, col::RESOLVE)] {
+    for (rows, column) in [(pushes, col::PUSH), (resolves, col::RESOLVE), (lists, col::RESOLVES)] {
         for found in rows {
             let taken_before = found.commit_ts.0 < mark;
             if !taken_before {
-                let target = model::push_target(&found.row).ok_or_else(|| {
-                    IndexError::corrupt("a push row's key", found.row.escape_ascii())
-                })?;
-                if column == col::RESOLVE {
-                    taken.resolve.insert(target.to_string());
-                    if found.value.as_ref() == b"s" {
-                        taken.sources_of.insert(target.to_string());
-                    }
-                } else {
-                    let change = number(&found.value, "rank:push", target)?;
-                    *taken.pushes.entry(target.to_string()).or_default() += change;
-                }
+                take_one(&mut taken, &found, column)?;
             }
             if taken_before || !more {
                 txn.delete_at_commit(found.row, column);
@@ -503,6 +495,28 @@ fn take_pushes(
         }
     }
     Ok(taken)
+}
+
+/// What one row of `column` says, into `taken`.
+fn take_one(taken: &mut Taken, found: &Found, column: &[u8]) -> Result<(), IndexError> {
+    if column == col::RESOLVES {
+        let list = std::str::from_utf8(&found.value)
+            .map_err(|_| IndexError::corrupt("a rank:resolves list", found.value.escape_ascii()))?;
+        taken.resolve.extend(list.split(' ').filter(|u| !u.is_empty()).map(str::to_string));
+        return Ok(());
+    }
+    let target = model::push_target(&found.row)
+        .ok_or_else(|| IndexError::corrupt("a push row's key", found.row.escape_ascii()))?;
+    if column == col::RESOLVE {
+        taken.resolve.insert(target.to_string());
+        if found.value.as_ref() == b"s" {
+            taken.sources_of.insert(target.to_string());
+        }
+    } else {
+        let change = number(&found.value, "rank:push", target)?;
+        *taken.pushes.entry(target.to_string()).or_default() += change;
+    }
+    Ok(())
 }
 
 /// [`hold_mark`] of every bucket: for a transaction that writes shards of any.

@@ -148,7 +148,7 @@ const CLEAR_CHUNK: usize = 4096;
 async fn clear_settled(client: &perc_txn::Client, mark: u64) -> Result<(), IndexError> {
     for b in 0..model::RANK_BUCKETS {
         let (start, end) = model::children(&rows::PUSHES, &format!("{b:02x}"));
-        for column in [col::PUSH, col::RESOLVE] {
+        for column in [col::PUSH, col::RESOLVE, col::RESOLVES] {
             let mut from = Some(start.clone());
             while let Some(at) = from {
                 let (at, end) = (&at, &end);
