@@ -34,26 +34,42 @@ fn page(word: &str, links: &[String]) -> String {
 
 const BOUNDS: QueryLimits = QueryLimits { bytes_max: 1024, nesting_max: 32 };
 
+/// A site of six pages, each linking to all, and a pipeline in memory that crawls it from
+/// the first (with `queue_max` as `search.queue_max`, if given).
+struct Six {
+    site: Site,
+    urls: Vec<String>,
+    app: Pipeline,
+    scope: CrawlScope,
+}
+
+async fn six_pages(queue_max: Option<u64>) -> Six {
+    let site = Site::default();
+    let urls: Vec<String> = (0..6).map(|i| format!("http://site.test/p{i}")).collect();
+    for (i, u) in urls.iter().enumerate() {
+        site.0.lock().unwrap().insert(u.clone(), page(&format!("word{i}"), &urls));
+    }
+    let mut config = Config::defaults();
+    config.store.backend = Backend::Memory;
+    if let Some(max) = queue_max {
+        config.search.queue_max = max;
+    }
+    let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
+    let scope = CrawlScope {
+        seeds: vec![urls[0].clone()],
+        prefixes: vec![],
+        max_depth: 20,
+        max_redirects: 5,
+    };
+    Six { site, urls, app, scope }
+}
+
 #[test]
 fn a_queue_nobody_drains_is_emptied_and_an_older_index_is_built_again() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let site = Site::default();
-        let urls: Vec<String> = (0..6).map(|i| format!("http://site.test/p{i}")).collect();
-        for (i, u) in urls.iter().enumerate() {
-            site.0.lock().unwrap().insert(u.clone(), page(&format!("word{i}"), &urls));
-        }
-        let mut config = Config::defaults();
-        config.store.backend = Backend::Memory;
-        config.search.queue_max = 3;
-        let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
-        let scope = CrawlScope {
-            seeds: vec![urls[0].clone()],
-            prefixes: vec![],
-            max_depth: 20,
-            max_redirects: 5,
-        };
+        let Six { site, urls, app, scope } = six_pages(Some(3)).await;
         let stop = CancellationToken::new();
         let seed = Url::parse(&urls[0]).unwrap();
 
@@ -113,20 +129,7 @@ fn a_drain_after_a_build_applies_only_what_changed_since() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let site = Site::default();
-        let urls: Vec<String> = (0..6).map(|i| format!("http://site.test/p{i}")).collect();
-        for (i, u) in urls.iter().enumerate() {
-            site.0.lock().unwrap().insert(u.clone(), page(&format!("word{i}"), &urls));
-        }
-        let mut config = Config::defaults();
-        config.store.backend = Backend::Memory;
-        let app = Pipeline::builder(config).source(Arc::new(site.clone())).open().await.unwrap();
-        let scope = CrawlScope {
-            seeds: vec![urls[0].clone()],
-            prefixes: vec![],
-            max_depth: 20,
-            max_redirects: 5,
-        };
+        let Six { site, urls, app, scope } = six_pages(None).await;
         let stop = CancellationToken::new();
         app.crawl(&[Url::parse(&urls[0]).unwrap()], &scope, &stop).await.unwrap();
         assert!(!app.search_caught_up().await.unwrap(), "the crawl's rows wait");
