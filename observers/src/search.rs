@@ -1,11 +1,12 @@
 //! The search queue: which pages a search index must look at again (docs/serve.md,
 //! "Search"). It is Fluo Recipes' ExportQueue: the stages that change what a page's search
-//! document holds write a queue row in their own transaction; an indexer takes a bucket's
-//! rows in a transaction T, reads the documents they name in T's snapshot, applies them to
-//! its index, and deletes the rows in T. A change committed after T's snapshot wrote a row
-//! of its own, which T never read and so does not delete: it is taken next time. A crash
-//! between the index's commit and T's re-applies the rows, which is idempotent. The index is never ahead
-//! of a committed transaction, and catches up after any crash by draining the queue.
+//! document holds write a queue row in their own transaction; an indexer takes a batch of
+//! rows (of one bucket or more) in a transaction T, reads the documents they name in T's
+//! snapshot, applies them to its index, and deletes the rows in T. A change committed after
+//! T's snapshot wrote a row of its own, which T never read and so does not delete: it is
+//! taken next time. A crash between the index's commit and T's re-applies the rows, which
+//! is idempotent. The index is never ahead of a committed transaction, and catches up after
+//! any crash by draining the queue.
 //!
 //! - Written by: parse (a page parsed: its body is the record the indexer reads), export (a
 //!   page's line written or removed), indegree (edges into a URL came
