@@ -466,6 +466,10 @@ fn a_command_beside_a_starting_server_asks_it_and_the_server_waits_for_the_store
     )
     .unwrap();
     assert!(line.starts_with("worker "), "{line}");
+    // With no server, a command on the held store says so (after sled's 2 s wait).
+    let held = common::perc(&data, &["status"]);
+    assert_eq!(held.status.code(), Some(2), "{}", common::stderr(&held));
+    assert!(common::stderr(&held).contains("holds it"), "{}", common::stderr(&held));
 
     // The server claims the store's directory and waits for the store.
     let starting = {
