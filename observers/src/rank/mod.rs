@@ -89,6 +89,10 @@ pub fn bound(exact: f64) -> f64 {
 /// What the export's six decimals add to the bound between two written ranks.
 pub const ROUNDING: f64 = 2e-6;
 
+/// The columns of a bucket's rows that a run takes (and settle clears): pushes, words to
+/// resolve one URL's out-set, and lists of them ([`model::resolves`]).
+pub(crate) const TAKEN: [&[u8]; 3] = [col::PUSH, col::RESOLVE, col::RESOLVES];
+
 /// Push rows a run folds at most.
 pub const FOLD_MAX: usize = 16384;
 
@@ -183,17 +187,10 @@ pub async fn run(txn: &mut Transaction, row: &Bytes) -> Result<(), ObserverError
     let mark =
         u64::try_from(model::count_of(mark)?).map_err(|e| IndexError::corrupt("rank:folded", e))?;
     let (start, end) = model::children(&rows::PUSHES, &format!("{bucket:02x}"));
-    let mut found = txn
-        .scan_each_found(&[
-            RangeScan::new(&start, &end, col::PUSH).first(FOLD_MAX),
-            RangeScan::new(&start, &end, col::RESOLVE).first(FOLD_MAX),
-            RangeScan::new(&start, &end, col::RESOLVES).first(FOLD_MAX),
-        ])
-        .await?;
-    let lists = found.pop().unwrap_or_default();
-    let resolves = found.pop().unwrap_or_default();
-    let pushes = found.pop().unwrap_or_default();
-    let taken = take_pushes(txn, [pushes, resolves, lists], mark)?;
+    let ranges: Vec<RangeScan> =
+        TAKEN.iter().map(|c| RangeScan::new(&start, &end, c).first(FOLD_MAX)).collect();
+    let found = txn.scan_each_found(&ranges).await?;
+    let taken = take_pushes(txn, found, mark)?;
     if taken.more {
         txn.notify(row.clone(), Bytes::from_static(col::RANK_DIRTY));
     }
@@ -336,11 +333,13 @@ async fn show(
     shown: &[(String, f64, f64)],
     tell: bool,
 ) -> Result<(), IndexError> {
-    let keys: Vec<(Bytes, Bytes)> = shown
-        .iter()
-        .filter(|_| tell)
-        .map(|(url, ..)| (model::rank_row(url), Bytes::from_static(col::RANK_CLUSTER)))
-        .collect();
+    let keys: Vec<(Bytes, Bytes)> = match tell {
+        true => shown
+            .iter()
+            .map(|(url, ..)| (model::rank_row(url), Bytes::from_static(col::RANK_CLUSTER)))
+            .collect(),
+        false => Vec::new(),
+    };
     let mut clusters = txn.get_many(&keys).await?.into_iter();
     for (url, before, now) in shown {
         let cluster = clusters.next().flatten();
@@ -468,11 +467,11 @@ struct Taken {
 /// took in its transaction.
 fn take_pushes(
     txn: &mut Transaction,
-    [pushes, resolves, lists]: [Vec<Found>; 3],
+    found: Vec<Vec<Found>>,
     mark: u64,
 ) -> Result<Taken, IndexError> {
-    let more = [&pushes, &resolves, &lists].iter().any(|rows| rows.len() >= FOLD_MAX);
-    let folded = [&pushes, &resolves, &lists].iter().any(|rows| !rows.is_empty());
+    let more = found.iter().any(|rows| rows.len() >= FOLD_MAX);
+    let folded = found.iter().any(|rows| !rows.is_empty());
     let mut taken = Taken {
         pushes: BTreeMap::new(),
         resolve: BTreeSet::new(),
@@ -481,7 +480,7 @@ fn take_pushes(
         folded,
         more,
     };
-    for (rows, column) in [(pushes, col::PUSH), (resolves, col::RESOLVE), (lists, col::RESOLVES)] {
+    for (rows, column) in found.into_iter().zip(TAKEN) {
         for found in rows {
             let taken_before = found.commit_ts.0 < mark;
             if !taken_before {

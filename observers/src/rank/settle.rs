@@ -7,7 +7,9 @@ use bytes::Bytes;
 use perc_txn::RangeScan;
 
 use super::shard::{Entry, Whole, SHARDS_A_TXN};
-use super::{hold_every_mark, hold_mark, out_of, shown, tell_cluster, Out, DAMPING, TELEPORT};
+use super::{
+    hold_every_mark, hold_mark, out_of, shown, tell_cluster, Out, DAMPING, TAKEN, TELEPORT,
+};
 use crate::model::{self, col, rows};
 use crate::search;
 use crate::IndexError;
@@ -148,7 +150,7 @@ const CLEAR_CHUNK: usize = 4096;
 async fn clear_settled(client: &perc_txn::Client, mark: u64) -> Result<(), IndexError> {
     for b in 0..model::RANK_BUCKETS {
         let (start, end) = model::children(&rows::PUSHES, &format!("{b:02x}"));
-        for column in [col::PUSH, col::RESOLVE, col::RESOLVES] {
+        for column in TAKEN {
             let mut from = Some(start.clone());
             while let Some(at) = from {
                 let (at, end) = (&at, &end);
